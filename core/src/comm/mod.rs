@@ -1,0 +1,393 @@
+//! [`Communicator`]: a group of ranks with its own communication context.
+
+mod group;
+mod ops;
+mod split;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use bytes::Bytes;
+
+use crate::config::Config;
+use crate::error::Error;
+use crate::matching::Selector;
+use crate::protocol::SendStart;
+use crate::runtime::{Driver, RankLife};
+use crate::stats::Stats;
+use crate::transport::Transport;
+use crate::types::{ContextId, MAX_TAG, Message, Payload, Source, Status, Tag};
+
+pub(crate) use group::Group;
+pub use ops::{ProbeOp, RecvIntoOp, RecvOp, SendOp};
+
+/// A group of ranks that exchange messages in a context of their own.
+///
+/// Cheap to clone (an `Arc` inside) and `Send + Sync`: clones may be moved to other tasks and
+/// used concurrently. Messages sent on one communicator only ever match receives on the same
+/// communicator; [`dup`](Self::dup) and [`split`](Self::split) make new ones.
+///
+/// # Operations start when called
+///
+/// [`send`](Self::send), [`recv`](Self::recv) and their relatives are ordinary functions, not
+/// `async fn`s: the operation is registered with the rank's engine before the call returns,
+/// and the returned future only waits for completion (MPI's `MPI_Isend` + `MPI_Wait`). So
+///
+/// ```ignore
+/// let a = comm.send(1, 0, data);   // already on its way
+/// let b = comm.recv(1, 0);         // already posted
+/// let (sent, got) = tokio::join!(a, b);
+/// ```
+///
+/// overlaps both, and a receive posted before the matching message arrives is matched in
+/// posting order even if it is awaited later.
+#[derive(Clone)]
+pub struct Communicator {
+    inner: Arc<CommInner>,
+}
+
+struct CommInner {
+    driver: Arc<Driver>,
+    life: Arc<RankLife>,
+    context: ContextId,
+    rank: usize,
+    group: Group,
+    /// Communicators created from this one so far (dup and split), numbering their contexts.
+    children: AtomicU64,
+    /// Collective operations started on this communicator so far, numbering their tags.
+    collectives: AtomicU64,
+}
+
+impl std::fmt::Debug for Communicator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Communicator")
+            .field("rank", &self.rank())
+            .field("size", &self.size())
+            .field("context", &self.inner.context)
+            .finish()
+    }
+}
+
+impl Communicator {
+    /// The world communicator of rank `rank` of `size`, over `transport`.
+    ///
+    /// Starts the rank's progress task on the current tokio runtime ([`Error::NoRuntime`]
+    /// outside one). Launch code calls this; applications get their communicator from
+    /// `rankweave::init()` or `rankweave::local()`.
+    pub fn world(
+        rank: usize,
+        size: usize,
+        transport: Arc<dyn Transport>,
+        config: Config,
+    ) -> Result<Communicator, Error> {
+        if rank >= size || size > u32::MAX as usize {
+            return Err(Error::InvalidRank { rank, size });
+        }
+        let driver = Arc::new(Driver::new(rank as u32, size as u32, transport, config));
+        driver.spawn_progress()?;
+        let life = Arc::new(RankLife {
+            driver: Arc::clone(&driver),
+        });
+        Ok(Communicator::from_parts(
+            driver,
+            life,
+            ContextId::WORLD,
+            rank,
+            Group::World { size },
+        ))
+    }
+
+    fn from_parts(
+        driver: Arc<Driver>,
+        life: Arc<RankLife>,
+        context: ContextId,
+        rank: usize,
+        group: Group,
+    ) -> Communicator {
+        Communicator {
+            inner: Arc::new(CommInner {
+                driver,
+                life,
+                context,
+                rank,
+                group,
+                children: AtomicU64::new(0),
+                collectives: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// This rank's number in the communicator, `0..size()`.
+    pub fn rank(&self) -> usize {
+        self.inner.rank
+    }
+
+    /// Number of ranks in the communicator.
+    pub fn size(&self) -> usize {
+        self.inner.group.size()
+    }
+
+    /// This rank's number in the world (the job).
+    pub fn world_rank(&self) -> usize {
+        self.inner.driver.rank as usize
+    }
+
+    /// The point-to-point context id of this communicator.
+    pub fn context(&self) -> ContextId {
+        self.inner.context
+    }
+
+    /// The rank's configuration.
+    pub fn config(&self) -> &Config {
+        &self.inner.driver.config
+    }
+
+    /// The rank's traffic counters (shared by all communicators of the rank).
+    pub fn stats(&self) -> Stats {
+        self.inner.driver.stats()
+    }
+
+    fn check_rank(&self, rank: usize) -> Result<u32, Error> {
+        self.inner.group.world_of(rank).ok_or(Error::InvalidRank {
+            rank,
+            size: self.size(),
+        })
+    }
+
+    fn check_tag(tag: u32) -> Result<u32, Error> {
+        if tag > MAX_TAG {
+            return Err(Error::InvalidTag { tag, max: MAX_TAG });
+        }
+        Ok(tag)
+    }
+
+    fn selector(&self, context: ContextId, source: Source, tag: Tag) -> Result<Selector, Error> {
+        Ok(Selector {
+            context,
+            source: match source {
+                Source::Rank(r) => Some(self.check_rank(r)?),
+                Source::Any => None,
+            },
+            tag: match tag {
+                Tag::Value(t) => Some(Self::check_tag(t)?),
+                Tag::Any => None,
+            },
+        })
+    }
+
+    /// Translates an error that names a world rank into this communicator's numbering.
+    fn local_error(&self, e: Error) -> Error {
+        match e {
+            Error::PeerFailed { rank } => Error::PeerFailed {
+                rank: self.inner.group.local_of(rank as u32).unwrap_or(rank),
+            },
+            Error::Truncated {
+                len,
+                capacity,
+                from,
+                tag,
+            } => Error::Truncated {
+                len,
+                capacity,
+                from: self.inner.group.local_of(from as u32).unwrap_or(from),
+                tag,
+            },
+            other => other,
+        }
+    }
+
+    /// Sends `payload` to rank `dst` with `tag`.
+    ///
+    /// The send starts now; the future resolves when the payload has been handed off (at once
+    /// for eager messages; after the receiver matched it for rendezvous ones). Dropping the
+    /// future does **not** cancel the send: it completes in the background.
+    pub fn send(&self, dst: usize, tag: u32, payload: impl Payload) -> SendOp {
+        self.send_on(self.inner.context, dst, tag, payload.into_bytes(), true)
+    }
+
+    fn send_on(&self, context: ContextId, dst: usize, tag: u32, data: Bytes, user: bool) -> SendOp {
+        let start = (|| {
+            let to = self.check_rank(dst)?;
+            let tag = if user { Self::check_tag(tag)? } else { tag };
+            self.inner
+                .driver
+                .with(|st| st.endpoint.post_send(to, context, tag, data))
+        })();
+        match start {
+            Ok(SendStart::Complete) => SendOp::done(Ok(())),
+            Ok(SendStart::Pending(id)) => SendOp::pending(self.clone(), id),
+            Err(e) => SendOp::done(Err(self.local_error(e))),
+        }
+    }
+
+    /// Receives a message matching `source` and `tag` (`Source::Any` / `Tag::Any` are wildcards;
+    /// plain `usize` / `u32` values convert).
+    ///
+    /// The receive is posted now; the future resolves with the message. Dropping the future
+    /// before it matched withdraws the receive; dropping it after it matched puts the message
+    /// back where it was, so nothing is lost.
+    pub fn recv(&self, source: impl Into<Source>, tag: impl Into<Tag>) -> RecvOp {
+        self.recv_on(self.inner.context, source.into(), tag.into(), true)
+    }
+
+    fn recv_on(&self, context: ContextId, source: Source, tag: Tag, user: bool) -> RecvOp {
+        let sel = if user {
+            self.selector(context, source, tag)
+        } else {
+            self.internal_selector(context, source, tag)
+        };
+        match sel {
+            Ok(sel) => {
+                let id = self
+                    .inner
+                    .driver
+                    .with(|st| st.endpoint.post_recv(sel, None));
+                RecvOp::pending(self.clone(), id)
+            }
+            Err(e) => RecvOp::failed(self.clone(), e),
+        }
+    }
+
+    fn internal_selector(
+        &self,
+        context: ContextId,
+        source: Source,
+        tag: Tag,
+    ) -> Result<Selector, Error> {
+        Ok(Selector {
+            context,
+            source: match source {
+                Source::Rank(r) => Some(self.check_rank(r)?),
+                Source::Any => None,
+            },
+            tag: match tag {
+                Tag::Value(t) => Some(t),
+                Tag::Any => None,
+            },
+        })
+    }
+
+    /// Receives into `buf`, returning the message's [`Status`].
+    ///
+    /// A message longer than `buf` fails with [`Error::Truncated`] and is not consumed: it stays
+    /// first in line for the next matching receive. Posted now, like [`recv`](Self::recv).
+    pub fn recv_into<'a, T: bytemuck::Pod>(
+        &self,
+        source: impl Into<Source>,
+        tag: impl Into<Tag>,
+        buf: &'a mut [T],
+    ) -> RecvIntoOp<'a> {
+        let bytes: &'a mut [u8] = bytemuck::cast_slice_mut(buf);
+        match self.selector(self.inner.context, source.into(), tag.into()) {
+            Ok(sel) => {
+                let cap = bytes.len();
+                let id = self
+                    .inner
+                    .driver
+                    .with(|st| st.endpoint.post_recv(sel, Some(cap)));
+                RecvIntoOp::new(RecvOp::pending(self.clone(), id), bytes)
+            }
+            Err(e) => RecvIntoOp::new(RecvOp::failed(self.clone(), e), bytes),
+        }
+    }
+
+    /// Sends to `dst` and receives from `source` at the same time (both start now), like
+    /// `MPI_Sendrecv`. Safe against the deadlock of two blocking sends facing each other.
+    pub fn sendrecv(
+        &self,
+        dst: usize,
+        send_tag: u32,
+        payload: impl Payload,
+        source: impl Into<Source>,
+        recv_tag: impl Into<Tag>,
+    ) -> impl Future<Output = Result<Message, Error>> + Send + 'static {
+        let recv = self.recv(source, recv_tag);
+        let send = self.send(dst, send_tag, payload);
+        async move {
+            let (s, r) = tokio::join!(send, recv);
+            s?;
+            r
+        }
+    }
+
+    /// Waits until a message matching `source` and `tag` is available and returns its status
+    /// without receiving it.
+    pub fn probe(&self, source: impl Into<Source>, tag: impl Into<Tag>) -> ProbeOp {
+        let sel = self.selector(self.inner.context, source.into(), tag.into());
+        ProbeOp::new(self.clone(), sel)
+    }
+
+    /// The status of a message matching `source` and `tag` if one is available now.
+    pub fn iprobe(
+        &self,
+        source: impl Into<Source>,
+        tag: impl Into<Tag>,
+    ) -> Result<Option<Status>, Error> {
+        let sel = self.selector(self.inner.context, source.into(), tag.into())?;
+        let found = self.inner.driver.with(|st| st.endpoint.probe(&sel));
+        Ok(found.map(|(src, tag, len)| self.status(src, tag, len)))
+    }
+
+    fn status(&self, world_source: u32, tag: u32, len: usize) -> Status {
+        Status {
+            source: self
+                .inner
+                .group
+                .local_of(world_source)
+                .unwrap_or(world_source as usize),
+            tag,
+            len,
+        }
+    }
+
+    /// A new communicator with the same ranks and a fresh context: traffic on one never matches
+    /// receives on the other. Every rank must call `dup` (and `split`) in the same order.
+    pub async fn dup(&self) -> Result<Communicator, Error> {
+        let n = self.inner.children.fetch_add(1, Ordering::Relaxed);
+        let context = self.inner.context.derive(n, u64::MAX);
+        Ok(Communicator::from_parts(
+            Arc::clone(&self.inner.driver),
+            Arc::clone(&self.inner.life),
+            context,
+            self.inner.rank,
+            self.inner.group.clone(),
+        ))
+    }
+
+    /// Splits the ranks by `color`: ranks giving the same color form a new communicator, ordered
+    /// by `key` (ties by their rank here). A rank giving `None` (MPI's `MPI_UNDEFINED`) takes
+    /// part but gets `None` back. Every rank of this communicator must call it.
+    pub async fn split(&self, color: Option<u32>, key: i32) -> Result<Option<Communicator>, Error> {
+        split::split(self, color, key).await
+    }
+
+    /// Reserves the next collective sequence number of this communicator. Every rank must start
+    /// collectives in the same order, so the n-th collective gets number n everywhere; its
+    /// messages use that number (truncated to 32 bits) as their tag on the collective context.
+    pub fn next_collective(&self) -> u32 {
+        self.inner.collectives.fetch_add(1, Ordering::Relaxed) as u32
+    }
+
+    /// Sends on this communicator's collective context, which user receives never match. For
+    /// collective algorithms; `tag` is usually from [`next_collective`](Self::next_collective).
+    pub fn collective_send(&self, dst: usize, tag: u32, payload: impl Payload) -> SendOp {
+        self.send_on(
+            self.inner.context.collective(),
+            dst,
+            tag,
+            payload.into_bytes(),
+            false,
+        )
+    }
+
+    /// Receives on this communicator's collective context (see
+    /// [`collective_send`](Self::collective_send)).
+    pub fn collective_recv(&self, source: impl Into<Source>, tag: u32) -> RecvOp {
+        self.recv_on(
+            self.inner.context.collective(),
+            source.into(),
+            Tag::Value(tag),
+            false,
+        )
+    }
+}

@@ -1,0 +1,272 @@
+//! The futures returned by point-to-point operations. Each one only waits: the operation was
+//! registered with the rank's engine when the call that made the future returned.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use super::Communicator;
+use crate::error::Error;
+use crate::matching::Selector;
+use crate::protocol::{RecvId, SendId};
+use crate::runtime::{Wait, Waiting};
+use crate::types::{Message, Status};
+
+/// A send in progress; resolves when the payload has been handed off.
+///
+/// Dropping it does not cancel the send: the message is still delivered.
+#[must_use = "the send runs anyway; await the future to learn when it is done or failed"]
+#[derive(Debug)]
+pub struct SendOp {
+    state: SendState,
+}
+
+#[derive(Debug)]
+enum SendState {
+    Done(Option<Result<(), Error>>),
+    Pending {
+        comm: Communicator,
+        id: SendId,
+        wait: Wait,
+        finished: bool,
+    },
+}
+
+impl SendOp {
+    pub(crate) fn done(result: Result<(), Error>) -> SendOp {
+        SendOp {
+            state: SendState::Done(Some(result)),
+        }
+    }
+
+    pub(crate) fn pending(comm: Communicator, id: SendId) -> SendOp {
+        SendOp {
+            state: SendState::Pending {
+                comm,
+                id,
+                wait: Wait::default(),
+                finished: false,
+            },
+        }
+    }
+}
+
+impl Future for SendOp {
+    type Output = Result<(), Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match &mut self.get_mut().state {
+            SendState::Done(r) => Poll::Ready(r.take().unwrap_or(Ok(()))),
+            SendState::Pending {
+                comm,
+                id,
+                wait,
+                finished,
+            } => {
+                let id = *id;
+                let driver = &comm.inner.driver;
+                let r = driver.poll_op(
+                    cx,
+                    wait,
+                    |st| st.endpoint.take_send(id),
+                    |st, w| st.park(Waiting::Send(id), w),
+                );
+                r.map(|r| {
+                    *finished = true;
+                    r.map_err(|e| comm.local_error(e))
+                })
+            }
+        }
+    }
+}
+
+impl Drop for SendOp {
+    fn drop(&mut self) {
+        if let SendState::Pending {
+            comm,
+            id,
+            wait,
+            finished,
+        } = &mut self.state
+        {
+            let driver = &comm.inner.driver;
+            driver.release(wait);
+            if !*finished {
+                let id = *id;
+                driver.with(|st| {
+                    st.unpark(Waiting::Send(id));
+                    st.endpoint.forget_send(id);
+                });
+            }
+        }
+    }
+}
+
+/// A posted receive; resolves with the matched [`Message`].
+///
+/// Dropping it before it matched withdraws the receive; after it matched, the message goes back
+/// to the front of the line, so it is not lost. Safe under `tokio::time::timeout`.
+#[must_use = "the receive is posted; dropping the future withdraws it"]
+#[derive(Debug)]
+pub struct RecvOp {
+    comm: Communicator,
+    state: RecvState,
+}
+
+#[derive(Debug)]
+enum RecvState {
+    Failed(Option<Error>),
+    Pending {
+        id: RecvId,
+        wait: Wait,
+        finished: bool,
+    },
+}
+
+impl RecvOp {
+    pub(crate) fn pending(comm: Communicator, id: RecvId) -> RecvOp {
+        RecvOp {
+            comm,
+            state: RecvState::Pending {
+                id,
+                wait: Wait::default(),
+                finished: false,
+            },
+        }
+    }
+
+    pub(crate) fn failed(comm: Communicator, e: Error) -> RecvOp {
+        RecvOp {
+            comm,
+            state: RecvState::Failed(Some(e)),
+        }
+    }
+}
+
+impl Future for RecvOp {
+    type Output = Result<Message, Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let comm = &this.comm;
+        match &mut this.state {
+            RecvState::Failed(e) => Poll::Ready(Err(e.take().unwrap_or(Error::Shutdown))),
+            RecvState::Pending { id, wait, finished } => {
+                let id = *id;
+                let r = comm.inner.driver.poll_op(
+                    cx,
+                    wait,
+                    |st| st.endpoint.take_recv(id),
+                    |st, w| st.park(Waiting::Recv(id), w),
+                );
+                r.map(|r| {
+                    *finished = true;
+                    match r {
+                        Ok(m) => Ok(Message {
+                            source: comm
+                                .inner
+                                .group
+                                .local_of(m.source)
+                                .unwrap_or(m.source as usize),
+                            tag: m.tag,
+                            data: m.data,
+                        }),
+                        Err(e) => Err(comm.local_error(e)),
+                    }
+                })
+            }
+        }
+    }
+}
+
+impl Drop for RecvOp {
+    fn drop(&mut self) {
+        if let RecvState::Pending { id, wait, finished } = &mut self.state {
+            let driver = &self.comm.inner.driver;
+            driver.release(wait);
+            if !*finished {
+                let id = *id;
+                driver.with(|st| {
+                    st.unpark(Waiting::Recv(id));
+                    st.endpoint.cancel_recv(id);
+                });
+            }
+        }
+    }
+}
+
+/// A posted receive into a caller's buffer; resolves with the message's [`Status`].
+#[must_use = "the receive is posted; dropping the future withdraws it"]
+#[derive(Debug)]
+pub struct RecvIntoOp<'a> {
+    op: RecvOp,
+    buf: &'a mut [u8],
+}
+
+impl<'a> RecvIntoOp<'a> {
+    pub(crate) fn new(op: RecvOp, buf: &'a mut [u8]) -> Self {
+        RecvIntoOp { op, buf }
+    }
+}
+
+impl Future for RecvIntoOp<'_> {
+    type Output = Result<Status, Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        Pin::new(&mut this.op).poll(cx).map(|r| {
+            let msg = r?;
+            // The engine refused longer messages (Truncated), so this always fits.
+            let n = msg.data.len().min(this.buf.len());
+            this.buf[..n].copy_from_slice(&msg.data[..n]);
+            Ok(msg.status())
+        })
+    }
+}
+
+/// Waits for a matching message without receiving it; resolves with its [`Status`].
+#[must_use = "a probe does nothing unless awaited"]
+#[derive(Debug)]
+pub struct ProbeOp {
+    comm: Communicator,
+    sel: Result<Selector, Option<Error>>,
+    wait: Wait,
+}
+
+impl ProbeOp {
+    pub(crate) fn new(comm: Communicator, sel: Result<Selector, Error>) -> ProbeOp {
+        ProbeOp {
+            comm,
+            sel: sel.map_err(Some),
+            wait: Wait::default(),
+        }
+    }
+}
+
+impl Future for ProbeOp {
+    type Output = Result<Status, Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let sel = match &mut this.sel {
+            Ok(sel) => *sel,
+            Err(e) => return Poll::Ready(Err(e.take().unwrap_or(Error::Shutdown))),
+        };
+        let comm = &this.comm;
+        comm.inner
+            .driver
+            .poll_op(
+                cx,
+                &mut this.wait,
+                |st| st.endpoint.probe(&sel),
+                |st, w| st.park_probe(w),
+            )
+            .map(|(src, tag, len)| Ok(comm.status(src, tag, len)))
+    }
+}
+
+impl Drop for ProbeOp {
+    fn drop(&mut self) {
+        self.comm.inner.driver.release(&mut self.wait);
+    }
+}

@@ -1,0 +1,227 @@
+//! Typed configuration with defaults, each setting overridable by `RANKWEAVE_<NAME>`.
+//!
+//! Start from [`Config::default()`] or [`Config::from_env()`]; every field is public, so code can
+//! set what it wants after reading the environment. The book's configuration chapter keeps the
+//! table of all variables.
+
+use std::time::Duration;
+
+use crate::error::ConfigError;
+
+/// Which transport carries a job's traffic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum TransportKind {
+    /// Pick per peer: in-process between tasks, shared memory on one host, the network otherwise.
+    #[default]
+    Auto,
+    /// In-process hand-off (ranks are tasks of one process).
+    Inproc,
+    /// Cross-process shared memory.
+    Shm,
+    /// UDP with the end-to-end reliability layer.
+    Udp,
+    /// InfiniBand verbs.
+    Verbs,
+}
+
+/// How a rank waits for communication to happen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ProgressPolicy {
+    /// Awaiting futures busy-poll until done (lowest latency; burns a core per waiting rank).
+    Spin,
+    /// Busy-poll for [`Config::spin`], then park until woken (the default).
+    #[default]
+    SpinThenPark,
+    /// Park at once and let the progress engine wake the future (no spinning at all).
+    Park,
+}
+
+/// Every setting of a rank.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// `RANKWEAVE_TRANSPORT`: which transport to use.
+    pub transport: TransportKind,
+    /// `RANKWEAVE_EAGER_LIMIT`: messages up to this many bytes are sent eagerly; larger ones use
+    /// rendezvous (request to send, clear to send, data).
+    pub eager_limit: usize,
+    /// `RANKWEAVE_UNEXPECTED_LIMIT`: bytes of eagerly sent, not yet received data a rank accepts
+    /// (all senders together). Past it, senders fall back to rendezvous and wait.
+    pub unexpected_limit: usize,
+    /// `RANKWEAVE_PROGRESS`: how awaiting futures wait.
+    pub progress: ProgressPolicy,
+    /// `RANKWEAVE_SPIN_US`: how long a future busy-polls before parking under
+    /// [`ProgressPolicy::SpinThenPark`].
+    pub spin: Duration,
+    /// `RANKWEAVE_MAX_FRAME`: cap on a frame's payload; `None` uses the transport's own limit.
+    pub max_frame: Option<usize>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            transport: TransportKind::Auto,
+            eager_limit: 64 * 1024,
+            unexpected_limit: 64 * 1024 * 1024,
+            progress: ProgressPolicy::SpinThenPark,
+            spin: Duration::from_micros(50),
+            max_frame: None,
+        }
+    }
+}
+
+impl Config {
+    /// The defaults with every `RANKWEAVE_*` variable of the process environment applied.
+    pub fn from_env() -> Result<Config, ConfigError> {
+        Config::default().with_env(|name| std::env::var(name).ok())
+    }
+
+    /// Applies overrides from `lookup` (a variable name to its value), for tests and embedding.
+    pub fn with_env(
+        mut self,
+        lookup: impl Fn(&str) -> Option<String>,
+    ) -> Result<Config, ConfigError> {
+        let get = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
+        if let Some(v) = get("RANKWEAVE_TRANSPORT") {
+            self.transport = parse_transport(&v)?;
+        }
+        if let Some(v) = get("RANKWEAVE_EAGER_LIMIT") {
+            self.eager_limit = parse_size("RANKWEAVE_EAGER_LIMIT", &v)?;
+        }
+        if let Some(v) = get("RANKWEAVE_UNEXPECTED_LIMIT") {
+            self.unexpected_limit = parse_size("RANKWEAVE_UNEXPECTED_LIMIT", &v)?;
+        }
+        if let Some(v) = get("RANKWEAVE_PROGRESS") {
+            self.progress = parse_progress(&v)?;
+        }
+        if let Some(v) = get("RANKWEAVE_SPIN_US") {
+            let us = v.trim().parse::<u64>().map_err(|_| ConfigError {
+                variable: "RANKWEAVE_SPIN_US".into(),
+                value: v.clone(),
+                expected: "a whole number of microseconds".into(),
+            })?;
+            self.spin = Duration::from_micros(us);
+        }
+        if let Some(v) = get("RANKWEAVE_MAX_FRAME") {
+            let n = parse_size("RANKWEAVE_MAX_FRAME", &v)?;
+            if n < 64 {
+                return Err(ConfigError {
+                    variable: "RANKWEAVE_MAX_FRAME".into(),
+                    value: v,
+                    expected: "at least 64 bytes".into(),
+                });
+            }
+            self.max_frame = Some(n);
+        }
+        Ok(self)
+    }
+}
+
+fn parse_transport(v: &str) -> Result<TransportKind, ConfigError> {
+    Ok(match v.trim().to_ascii_lowercase().as_str() {
+        "auto" => TransportKind::Auto,
+        "inproc" => TransportKind::Inproc,
+        "shm" => TransportKind::Shm,
+        "udp" => TransportKind::Udp,
+        "verbs" => TransportKind::Verbs,
+        _ => {
+            return Err(ConfigError {
+                variable: "RANKWEAVE_TRANSPORT".into(),
+                value: v.into(),
+                expected: "one of auto, inproc, shm, udp, verbs".into(),
+            });
+        }
+    })
+}
+
+fn parse_progress(v: &str) -> Result<ProgressPolicy, ConfigError> {
+    Ok(match v.trim().to_ascii_lowercase().as_str() {
+        "spin" => ProgressPolicy::Spin,
+        "spin-then-park" | "spin_then_park" | "hybrid" => ProgressPolicy::SpinThenPark,
+        "park" => ProgressPolicy::Park,
+        _ => {
+            return Err(ConfigError {
+                variable: "RANKWEAVE_PROGRESS".into(),
+                value: v.into(),
+                expected: "one of spin, spin-then-park, park".into(),
+            });
+        }
+    })
+}
+
+/// Parses a byte count with an optional binary suffix: `4096`, `64k`, `16M`, `1g`.
+pub fn parse_size(variable: &str, v: &str) -> Result<usize, ConfigError> {
+    let err = || ConfigError {
+        variable: variable.into(),
+        value: v.into(),
+        expected: "a byte count such as 4096, 64k, 16M or 1G".into(),
+    };
+    let t = v.trim();
+    let (digits, shift) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let shift = match c.to_ascii_lowercase() {
+                'k' => 10,
+                'm' => 20,
+                'g' => 30,
+                _ => return Err(err()),
+            };
+            (&t[..i], shift)
+        }
+        _ => (t, 0),
+    };
+    let n: usize = digits.trim().parse().map_err(|_| err())?;
+    n.checked_mul(1usize << shift).ok_or_else(err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k| map.get(k).cloned()
+    }
+
+    #[test]
+    fn defaults_hold_without_environment() {
+        let c = Config::default().with_env(env(&[])).unwrap();
+        assert_eq!(c, Config::default());
+    }
+
+    #[test]
+    fn every_variable_overrides() {
+        let c = Config::default()
+            .with_env(env(&[
+                ("RANKWEAVE_TRANSPORT", "udp"),
+                ("RANKWEAVE_EAGER_LIMIT", "8k"),
+                ("RANKWEAVE_UNEXPECTED_LIMIT", "2M"),
+                ("RANKWEAVE_PROGRESS", "park"),
+                ("RANKWEAVE_SPIN_US", "7"),
+                ("RANKWEAVE_MAX_FRAME", "9000"),
+            ]))
+            .unwrap();
+        assert_eq!(c.transport, TransportKind::Udp);
+        assert_eq!(c.eager_limit, 8192);
+        assert_eq!(c.unexpected_limit, 2 << 20);
+        assert_eq!(c.progress, ProgressPolicy::Park);
+        assert_eq!(c.spin, Duration::from_micros(7));
+        assert_eq!(c.max_frame, Some(9000));
+    }
+
+    #[test]
+    fn bad_values_name_the_variable() {
+        let e = Config::default()
+            .with_env(env(&[("RANKWEAVE_PROGRESS", "sometimes")]))
+            .unwrap_err();
+        assert_eq!(e.variable, "RANKWEAVE_PROGRESS");
+        assert_eq!(e.value, "sometimes");
+        let e = Config::default()
+            .with_env(env(&[("RANKWEAVE_EAGER_LIMIT", "12q")]))
+            .unwrap_err();
+        assert_eq!(e.variable, "RANKWEAVE_EAGER_LIMIT");
+        assert!(parse_size("X", "99999999999999999999g").is_err());
+    }
+}

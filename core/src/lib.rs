@@ -1,0 +1,29 @@
+//! rankweave-core: the message layer of rankweave.
+//!
+//! * [`types`], [`error`], [`config`]: the API vocabulary, typed errors, typed settings.
+//! * [`matching`]: MPI matching of messages to receives (posted and unexpected queues).
+//! * [`protocol`]: eager and rendezvous protocols as a sans-IO state machine per rank.
+//! * [`transport`]: the trait transports implement; [`frame`]: what they carry.
+//! * [`Communicator`]: the application's handle, driven by a per-rank progress engine.
+//!
+//! Applications normally use the `rankweave` facade crate, which re-exports all of this.
+
+#![warn(missing_docs)]
+
+pub mod comm;
+pub mod config;
+pub mod error;
+pub mod frame;
+pub mod matching;
+pub mod protocol;
+pub(crate) mod runtime;
+pub mod stats;
+pub mod transport;
+pub mod types;
+
+pub use comm::{Communicator, ProbeOp, RecvIntoOp, RecvOp, SendOp};
+pub use config::{Config, ProgressPolicy, TransportKind};
+pub use error::{ConfigError, Error, Result, TransportError};
+pub use stats::Stats;
+pub use transport::{Arrival, Capabilities, Transport};
+pub use types::{ContextId, MAX_TAG, Message, Payload, Source, Status, Tag};

@@ -1,0 +1,794 @@
+//! The point-to-point message protocol of one rank, as a sans-IO state machine.
+//!
+//! [`Endpoint`] owns the rank's matching queues and every send and receive in flight. It never
+//! touches a socket, a clock or a task: the driver feeds it application requests
+//! ([`post_send`](Endpoint::post_send), [`post_recv`](Endpoint::post_recv), …) and arrivals
+//! ([`handle`](Endpoint::handle)), then drains frames to transmit
+//! ([`poll_transmit`](Endpoint::poll_transmit)) and operations that finished
+//! ([`poll_event`](Endpoint::poll_event)). Tests drive it directly.
+//!
+//! What happens to a message:
+//!
+//! * **Eager** (length ≤ eager limit and the sender holds enough of the receiver's eager credit):
+//!   one `Eager` frame carries envelope and data. The send is complete at once.
+//! * **Rendezvous** (otherwise): an `Rts` frame carries the envelope; the data waits at the
+//!   sender. When a receive matches, the receiver answers `Cts`; the sender then sends the data
+//!   as `Data` fragments of at most the transport's payload size, and its send completes; the
+//!   receiver's [`Reassembler`] puts them together.
+//! * **Credit**: an eager message costs `len + EAGER_OVERHEAD` bytes of the receiver's credit.
+//!   The receiver gives credit back (`Credit` frames, batched) when the application takes the
+//!   data. This bounds the memory that unexpected messages can occupy at a receiver: a sender
+//!   out of credit falls back to rendezvous, so its data stays with it until the receiver asks.
+
+mod op_table;
+mod reassembly;
+
+use std::collections::VecDeque;
+
+use bytes::Bytes;
+use rustc_hash::FxHashMap;
+
+use crate::error::Error;
+use crate::frame::{Envelope, Frame, Header};
+use crate::matching::{
+    ArriveOutcome, MatchKey, Matcher, PostOutcome, PostedKey, Selector, Unexpected,
+};
+use crate::stats::Stats;
+use crate::transport::Arrival;
+use crate::types::ContextId;
+
+fn unexpected_cost(msg: &Incoming) -> usize {
+    match msg {
+        Incoming::Data { data, .. } => data.len(),
+        Incoming::Rts { .. } => 0,
+    }
+}
+
+pub use op_table::OpTable;
+pub use reassembly::{FragmentError, Reassembler};
+
+/// Credit charged per eager message on top of its payload, so that even empty messages use up
+/// credit (the queue entry itself costs memory).
+pub const EAGER_OVERHEAD: u64 = 64;
+
+/// Identifies a receive operation of an [`Endpoint`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RecvId(pub u64);
+
+/// Identifies a rendezvous send operation of an [`Endpoint`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SendId(pub u64);
+
+/// What the endpoint reports to its driver.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// The receive finished (successfully or not); [`Endpoint::take_recv`] has its result.
+    RecvDone(RecvId),
+    /// The send finished; [`Endpoint::take_send`] has its result.
+    SendDone(SendId),
+    /// A message was added to the unexpected queue (probes may now succeed).
+    Unexpected,
+}
+
+/// How a send started.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SendStart {
+    /// The data went out eagerly: the send is already complete.
+    Complete,
+    /// Rendezvous: the send completes when its [`Event::SendDone`] comes.
+    Pending(SendId),
+}
+
+/// A message handed to the application by a completed receive.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Received {
+    /// The sender's world rank.
+    pub source: u32,
+    /// The tag.
+    pub tag: u32,
+    /// The payload.
+    pub data: Bytes,
+}
+
+/// The static parameters of an endpoint.
+#[derive(Clone, Copy, Debug)]
+pub struct EndpointConfig {
+    /// This rank (world numbering).
+    pub rank: u32,
+    /// Number of ranks in the world.
+    pub size: u32,
+    /// Largest message sent eagerly.
+    pub eager_limit: usize,
+    /// Bytes of unexpected eager data this rank accepts from all senders together.
+    pub unexpected_limit: usize,
+    /// Largest payload of one frame.
+    pub max_payload: usize,
+}
+
+/// A message the matcher holds until a receive takes it.
+#[derive(Debug)]
+enum Incoming {
+    /// The data is here. `cost` is the eager credit to give back once the application takes it.
+    Data { data: Bytes, cost: u64 },
+    /// Only the envelope is here; the data waits at the sender under `send_id`.
+    Rts { send_id: u64, len: usize },
+}
+
+impl Incoming {
+    fn len(&self) -> usize {
+        match self {
+            Incoming::Data { data, .. } => data.len(),
+            Incoming::Rts { len, .. } => *len,
+        }
+    }
+}
+
+#[derive(Debug)]
+enum RecvState {
+    /// Waiting in the posted-receive queue.
+    Posted(PostedKey),
+    /// Matched an RTS; fragments are arriving.
+    Receiving {
+        key: MatchKey,
+        seq: u64,
+        data: Reassembler,
+    },
+    /// Matched a message whose data is all here.
+    Done {
+        key: MatchKey,
+        seq: u64,
+        data: Bytes,
+        cost: u64,
+    },
+    /// Finished with an error.
+    Failed(Error),
+}
+
+#[derive(Debug)]
+struct RecvOp {
+    max_len: Option<usize>,
+    state: RecvState,
+    /// The application dropped this receive after it matched: when the data is complete it goes
+    /// back to the unexpected queue instead of being delivered.
+    orphaned: bool,
+}
+
+#[derive(Debug)]
+enum SendState {
+    AwaitingCts,
+    Done(Result<(), Error>),
+}
+
+#[derive(Debug)]
+struct SendOp {
+    to: u32,
+    data: Bytes,
+    state: SendState,
+    /// The application dropped the send's future: discard the result when it finishes.
+    forgotten: bool,
+}
+
+/// Per-peer protocol state, created on first contact (so a 1024-rank job does not hold a
+/// million of them).
+#[derive(Debug)]
+struct Peer {
+    /// Sequence number of the next message this rank sends to the peer.
+    next_send_seq: u64,
+    /// Sequence number expected on the next message from the peer.
+    next_recv_seq: u64,
+    /// Eager credit this rank may still spend at the peer.
+    credit: u64,
+    /// Credit this rank owes the peer (eager data the application has taken).
+    owed: u64,
+    /// The peer failed or exited.
+    lost: bool,
+}
+
+/// The protocol state machine of one rank.
+#[derive(Debug)]
+pub struct Endpoint {
+    cfg: EndpointConfig,
+    credit_per_peer: u64,
+    matcher: Matcher<RecvId, Incoming>,
+    recvs: OpTable<RecvOp>,
+    sends: OpTable<SendOp>,
+    peers: FxHashMap<u32, Peer>,
+    transmit: VecDeque<(u32, Frame)>,
+    loopback: VecDeque<Frame>,
+    events: VecDeque<Event>,
+    unexpected_bytes: usize,
+    stats: Stats,
+}
+
+impl Endpoint {
+    /// A fresh endpoint.
+    pub fn new(cfg: EndpointConfig) -> Self {
+        let others = cfg.size.saturating_sub(1).max(1) as u64;
+        Endpoint {
+            credit_per_peer: cfg.unexpected_limit as u64 / others,
+            cfg,
+            matcher: Matcher::new(),
+            recvs: OpTable::default(),
+            sends: OpTable::default(),
+            peers: FxHashMap::default(),
+            transmit: VecDeque::new(),
+            loopback: VecDeque::new(),
+            events: VecDeque::new(),
+            unexpected_bytes: 0,
+            stats: Stats::default(),
+        }
+    }
+
+    /// This endpoint's parameters.
+    pub fn config(&self) -> &EndpointConfig {
+        &self.cfg
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> Stats {
+        let mut s = self.stats;
+        s.unexpected_messages = self.matcher.unexpected_len() as u64;
+        s.unexpected_bytes = self.unexpected_bytes as u64;
+        s.posted_receives = self.matcher.posted_len() as u64;
+        s
+    }
+
+    fn peer(&mut self, rank: u32) -> &mut Peer {
+        let credit = self.credit_per_peer;
+        self.peers.entry(rank).or_insert_with(|| Peer {
+            next_send_seq: 0,
+            next_recv_seq: 0,
+            credit,
+            owed: 0,
+            lost: false,
+        })
+    }
+
+    fn is_lost(&self, rank: u32) -> bool {
+        self.peers.get(&rank).is_some_and(|p| p.lost)
+    }
+
+    /// Starts sending `data` to world rank `to` on `context` with `tag`.
+    pub fn post_send(
+        &mut self,
+        to: u32,
+        context: ContextId,
+        tag: u32,
+        data: Bytes,
+    ) -> Result<SendStart, Error> {
+        if to >= self.cfg.size {
+            return Err(Error::InvalidRank {
+                rank: to as usize,
+                size: self.cfg.size as usize,
+            });
+        }
+        let eager_limit = self.cfg.eager_limit;
+        let peer = self.peer(to);
+        if peer.lost {
+            return Err(Error::PeerFailed { rank: to as usize });
+        }
+        let envelope = Envelope {
+            context,
+            tag,
+            seq: peer.next_send_seq,
+            len: data.len() as u64,
+        };
+        peer.next_send_seq += 1;
+        let cost = data.len() as u64 + EAGER_OVERHEAD;
+        if data.len() <= eager_limit && cost <= peer.credit {
+            peer.credit -= cost;
+            self.stats.eager_messages_sent += 1;
+            self.queue(
+                to,
+                Frame {
+                    header: Header::Eager(envelope),
+                    payload: data,
+                },
+            );
+            self.run_loopback();
+            return Ok(SendStart::Complete);
+        }
+        self.stats.rendezvous_messages_sent += 1;
+        let send_id = self.sends.insert(SendOp {
+            to,
+            data,
+            state: SendState::AwaitingCts,
+            forgotten: false,
+        });
+        self.queue(to, Frame::control(Header::Rts { envelope, send_id }));
+        self.run_loopback();
+        Ok(SendStart::Pending(SendId(send_id)))
+    }
+
+    /// The result of a finished rendezvous send (removing it), or `None` while it runs.
+    pub fn take_send(&mut self, id: SendId) -> Option<Result<(), Error>> {
+        match self.sends.get(id.0)?.state {
+            SendState::AwaitingCts => None,
+            SendState::Done(_) => match self.sends.remove(id.0)?.state {
+                SendState::Done(r) => Some(r),
+                SendState::AwaitingCts => None,
+            },
+        }
+    }
+
+    /// The application no longer waits for this send. It still completes; its result is dropped.
+    pub fn forget_send(&mut self, id: SendId) {
+        if let Some(op) = self.sends.get_mut(id.0) {
+            match op.state {
+                SendState::AwaitingCts => op.forgotten = true,
+                SendState::Done(_) => {
+                    self.sends.remove(id.0);
+                }
+            }
+        }
+    }
+
+    /// Whether rendezvous sends are still waiting for their receivers.
+    pub fn has_pending_sends(&self) -> bool {
+        !self.sends.is_empty()
+    }
+
+    /// Posts a receive for messages matching `sel`. With `max_len`, a longer message fails the
+    /// receive with [`Error::Truncated`] and stays queued for the next receive.
+    pub fn post_recv(&mut self, sel: Selector, max_len: Option<usize>) -> RecvId {
+        // The placeholder state is replaced below before anyone can observe it.
+        let id = RecvId(self.recvs.insert(RecvOp {
+            max_len,
+            state: RecvState::Failed(Error::Shutdown),
+            orphaned: false,
+        }));
+        if let Some(source) = sel.source {
+            if self.is_lost(source) && self.probe(&sel).is_none() {
+                self.finish_recv(
+                    id,
+                    RecvState::Failed(Error::PeerFailed {
+                        rank: source as usize,
+                    }),
+                );
+                return id;
+            }
+        }
+        match self.matcher.post(sel, id) {
+            PostOutcome::Queued(key) => {
+                if let Some(op) = self.recvs.get_mut(id.0) {
+                    op.state = RecvState::Posted(key);
+                }
+            }
+            PostOutcome::Matched { recv, unexpected } => {
+                self.unexpected_bytes -= unexpected_cost(&unexpected.msg);
+                self.deliver(recv, unexpected);
+            }
+        }
+        self.run_loopback();
+        id
+    }
+
+    /// The result of a finished receive (removing it), or `None` while it is still pending.
+    pub fn take_recv(&mut self, id: RecvId) -> Option<Result<Received, Error>> {
+        let op = self.recvs.get(id.0)?;
+        if !matches!(op.state, RecvState::Done { .. } | RecvState::Failed(_)) {
+            return None;
+        }
+        match self.recvs.remove(id.0)?.state {
+            RecvState::Done {
+                key, data, cost, ..
+            } => {
+                self.give_credit(key.source, cost);
+                self.run_loopback();
+                Some(Ok(Received {
+                    source: key.source,
+                    tag: key.tag,
+                    data,
+                }))
+            }
+            RecvState::Failed(e) => Some(Err(e)),
+            RecvState::Posted(_) | RecvState::Receiving { .. } => None,
+        }
+    }
+
+    /// The application dropped this receive. Not yet matched: it is withdrawn. Matched: the
+    /// message goes back to the unexpected queue in its original place (once all its data is
+    /// here), so nothing is lost.
+    pub fn cancel_recv(&mut self, id: RecvId) {
+        let Some(op) = self.recvs.get_mut(id.0) else {
+            return;
+        };
+        match op.state {
+            RecvState::Receiving { .. } => {
+                op.orphaned = true;
+                return;
+            }
+            RecvState::Posted(key) => {
+                self.matcher.cancel(key);
+                self.recvs.remove(id.0);
+            }
+            RecvState::Done { .. } | RecvState::Failed(_) => {
+                if let Some(RecvOp {
+                    state:
+                        RecvState::Done {
+                            key,
+                            seq,
+                            data,
+                            cost,
+                        },
+                    ..
+                }) = self.recvs.remove(id.0)
+                {
+                    self.requeue(Unexpected {
+                        seq,
+                        key,
+                        msg: Incoming::Data { data, cost },
+                    });
+                }
+            }
+        }
+        self.run_loopback();
+    }
+
+    /// The first unexpected message matching `sel`: (world source, tag, length).
+    pub fn probe(&self, sel: &Selector) -> Option<(u32, u32, usize)> {
+        self.matcher
+            .probe(sel)
+            .map(|u| (u.key.source, u.key.tag, u.msg.len()))
+    }
+
+    /// Feeds something the transport received.
+    pub fn handle(&mut self, arrival: Arrival) {
+        match arrival {
+            Arrival::Frame { from, frame } => {
+                self.stats.frames_received += 1;
+                self.stats.bytes_received += frame.payload.len() as u64;
+                self.handle_frame(from, frame);
+            }
+            Arrival::PeerLost { rank } => self.peer_lost(rank),
+        }
+        self.run_loopback();
+    }
+
+    /// The next frame to hand to the transport: (destination world rank, frame).
+    pub fn poll_transmit(&mut self) -> Option<(u32, Frame)> {
+        let next = self.transmit.pop_front();
+        if let Some((_, f)) = &next {
+            self.stats.frames_sent += 1;
+            self.stats.bytes_sent += f.payload.len() as u64;
+        }
+        next
+    }
+
+    /// The next event for the driver.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// The transport could not reach world rank `rank`: treat it as lost.
+    pub fn peer_unreachable(&mut self, rank: u32) {
+        self.peer_lost(rank);
+        self.run_loopback();
+    }
+
+    fn queue(&mut self, to: u32, frame: Frame) {
+        if to == self.cfg.rank {
+            self.loopback.push_back(frame);
+        } else {
+            self.transmit.push_back((to, frame));
+        }
+    }
+
+    /// Frames a rank sends to itself never reach a transport: they are handled here, in order.
+    fn run_loopback(&mut self) {
+        while let Some(frame) = self.loopback.pop_front() {
+            self.handle_frame(self.cfg.rank, frame);
+        }
+    }
+
+    fn protocol_error(&mut self, from: u32, detail: &str) {
+        self.stats.protocol_errors += 1;
+        tracing::warn!(
+            peer = from,
+            detail,
+            "dropped a frame that breaks the protocol"
+        );
+    }
+
+    fn handle_frame(&mut self, from: u32, frame: Frame) {
+        if from >= self.cfg.size {
+            return self.protocol_error(from, "frame from a rank outside the job");
+        }
+        match frame.header {
+            Header::Eager(env) => {
+                if env.len != frame.payload.len() as u64 {
+                    return self.protocol_error(from, "eager length disagrees with payload");
+                }
+                if !self.check_seq(from, env.seq) {
+                    return;
+                }
+                let cost = frame.payload.len() as u64 + EAGER_OVERHEAD;
+                self.arrive(
+                    from,
+                    env,
+                    Incoming::Data {
+                        data: frame.payload,
+                        cost,
+                    },
+                );
+            }
+            Header::Rts { envelope, send_id } => {
+                let Ok(len) = usize::try_from(envelope.len) else {
+                    return self.protocol_error(from, "impossible message length");
+                };
+                if !self.check_seq(from, envelope.seq) {
+                    return;
+                }
+                self.arrive(from, envelope, Incoming::Rts { send_id, len });
+            }
+            Header::Cts { send_id, recv_id } => self.handle_cts(from, send_id, recv_id),
+            Header::Data { recv_id, offset } => {
+                self.handle_data(from, recv_id, offset, frame.payload)
+            }
+            Header::Credit { bytes } => {
+                let peer = self.peer(from);
+                peer.credit = peer.credit.saturating_add(bytes);
+            }
+        }
+    }
+
+    /// Messages from one peer must arrive in the order sent (the transport or the reliability
+    /// layer guarantees it); anything else is a protocol error and is dropped.
+    fn check_seq(&mut self, from: u32, seq: u64) -> bool {
+        let peer = self.peer(from);
+        if seq != peer.next_recv_seq {
+            self.protocol_error(from, "message out of sequence");
+            return false;
+        }
+        peer.next_recv_seq += 1;
+        true
+    }
+
+    fn arrive(&mut self, from: u32, env: Envelope, msg: Incoming) {
+        let key = MatchKey {
+            context: env.context,
+            source: from,
+            tag: env.tag,
+        };
+        let cost = unexpected_cost(&msg);
+        match self.matcher.arrive(key, msg) {
+            ArriveOutcome::Matched { recv, unexpected } => self.deliver(recv, unexpected),
+            ArriveOutcome::Queued => {
+                self.unexpected_bytes += cost;
+                self.events.push_back(Event::Unexpected);
+            }
+        }
+    }
+
+    /// Puts a matched message back: the earliest matching posted receive takes it, or it waits
+    /// in the unexpected queue at its original position.
+    fn requeue(&mut self, u: Unexpected<Incoming>) {
+        let cost = unexpected_cost(&u.msg);
+        match self.matcher.requeue(u) {
+            ArriveOutcome::Matched { recv, unexpected } => self.deliver(recv, unexpected),
+            ArriveOutcome::Queued => {
+                self.unexpected_bytes += cost;
+                self.events.push_back(Event::Unexpected);
+            }
+        }
+    }
+
+    /// Hands a matched message to a receive.
+    fn deliver(&mut self, id: RecvId, mut u: Unexpected<Incoming>) {
+        // A requeue can be taken by another posted receive, which may itself be too small, so
+        // this loops instead of recursing.
+        let mut id = id;
+        loop {
+            let Some(op) = self.recvs.get(id.0) else {
+                // The receive vanished (cannot happen: matched receives are live); keep the
+                // message rather than lose it.
+                debug_assert!(false, "matched a receive that is not in the table");
+                return self.requeue(u);
+            };
+            let len = u.msg.len();
+            if let Some(capacity) = op.max_len.filter(|&c| len > c) {
+                let err = Error::Truncated {
+                    len,
+                    capacity,
+                    from: u.key.source as usize,
+                    tag: u.key.tag,
+                };
+                self.finish_recv(id, RecvState::Failed(err));
+                let cost = unexpected_cost(&u.msg);
+                match self.matcher.requeue(u) {
+                    ArriveOutcome::Matched { recv, unexpected } => {
+                        id = recv;
+                        u = unexpected;
+                        continue;
+                    }
+                    ArriveOutcome::Queued => {
+                        self.unexpected_bytes += cost;
+                        self.events.push_back(Event::Unexpected);
+                        return;
+                    }
+                }
+            }
+            match u.msg {
+                Incoming::Data { data, cost } => self.finish_recv(
+                    id,
+                    RecvState::Done {
+                        key: u.key,
+                        seq: u.seq,
+                        data,
+                        cost,
+                    },
+                ),
+                Incoming::Rts { send_id, len } => {
+                    if self.is_lost(u.key.source) {
+                        let rank = u.key.source as usize;
+                        self.finish_recv(id, RecvState::Failed(Error::PeerFailed { rank }));
+                        return;
+                    }
+                    if let Some(op) = self.recvs.get_mut(id.0) {
+                        op.state = RecvState::Receiving {
+                            key: u.key,
+                            seq: u.seq,
+                            data: Reassembler::new(len),
+                        };
+                    }
+                    self.queue(
+                        u.key.source,
+                        Frame::control(Header::Cts {
+                            send_id,
+                            recv_id: id.0,
+                        }),
+                    );
+                }
+            }
+            return;
+        }
+    }
+
+    fn finish_recv(&mut self, id: RecvId, state: RecvState) {
+        if let Some(op) = self.recvs.get_mut(id.0) {
+            op.state = state;
+            self.events.push_back(Event::RecvDone(id));
+        }
+    }
+
+    fn handle_cts(&mut self, from: u32, send_id: u64, recv_id: u64) {
+        let max = self.cfg.max_payload.max(1);
+        let Some(op) = self.sends.get_mut(send_id) else {
+            return self.protocol_error(from, "clear-to-send for an unknown send");
+        };
+        if op.to != from || !matches!(op.state, SendState::AwaitingCts) {
+            return self.protocol_error(from, "clear-to-send from the wrong peer or twice");
+        }
+        let data = std::mem::take(&mut op.data);
+        let forgotten = op.forgotten;
+        if forgotten {
+            self.sends.remove(send_id);
+        } else {
+            op.state = SendState::Done(Ok(()));
+            self.events.push_back(Event::SendDone(SendId(send_id)));
+        }
+        // Always at least one fragment, so an empty rendezvous message completes too.
+        let mut offset = 0;
+        loop {
+            let end = (offset + max).min(data.len());
+            let header = Header::Data {
+                recv_id,
+                offset: offset as u64,
+            };
+            self.queue(
+                from,
+                Frame {
+                    header,
+                    payload: data.slice(offset..end),
+                },
+            );
+            offset = end;
+            if offset >= data.len() {
+                break;
+            }
+        }
+    }
+
+    fn handle_data(&mut self, from: u32, recv_id: u64, offset: u64, payload: Bytes) {
+        let Some(op) = self.recvs.get_mut(recv_id) else {
+            return self.protocol_error(from, "data for an unknown receive");
+        };
+        let RecvState::Receiving { key, data, .. } = &mut op.state else {
+            return self.protocol_error(from, "data for a receive that is not receiving");
+        };
+        if key.source != from {
+            return self.protocol_error(from, "data from the wrong peer");
+        }
+        let Ok(offset) = usize::try_from(offset) else {
+            return self.protocol_error(from, "impossible data offset");
+        };
+        if data.insert(offset, payload).is_err() {
+            return self.protocol_error(from, "data fragment out of bounds or overlapping");
+        }
+        if !data.is_complete() {
+            return;
+        }
+        let orphaned = op.orphaned;
+        let RecvState::Receiving { key, seq, data } =
+            std::mem::replace(&mut op.state, RecvState::Failed(Error::Shutdown))
+        else {
+            return;
+        };
+        let data = data.finish();
+        if orphaned {
+            self.recvs.remove(recv_id);
+            self.requeue(Unexpected {
+                seq,
+                key,
+                msg: Incoming::Data { data, cost: 0 },
+            });
+        } else {
+            let state = RecvState::Done {
+                key,
+                seq,
+                data,
+                cost: 0,
+            };
+            self.finish_recv(RecvId(recv_id), state);
+        }
+    }
+
+    /// Gives eager credit back to `peer` once enough has accumulated to be worth a frame.
+    fn give_credit(&mut self, peer: u32, cost: u64) {
+        if cost == 0 {
+            return;
+        }
+        let threshold = (self.credit_per_peer / 4).max(1);
+        let p = self.peer(peer);
+        p.owed += cost;
+        if p.owed >= threshold && !p.lost {
+            let bytes = std::mem::take(&mut p.owed);
+            self.queue(peer, Frame::control(Header::Credit { bytes }));
+        }
+    }
+
+    fn peer_lost(&mut self, rank: u32) {
+        let peer = self.peer(rank);
+        if peer.lost {
+            return;
+        }
+        peer.lost = true;
+        let err = || Error::PeerFailed {
+            rank: rank as usize,
+        };
+        for id in self.matcher.take_posted_from(rank) {
+            self.finish_recv(id, RecvState::Failed(err()));
+        }
+        let mut failed_recvs = Vec::new();
+        for (id, op) in self.recvs.iter_mut() {
+            if let RecvState::Receiving { key, .. } = &op.state {
+                if key.source == rank {
+                    failed_recvs.push(RecvId(id));
+                }
+            }
+        }
+        for id in failed_recvs {
+            let orphaned = self.recvs.get(id.0).is_some_and(|op| op.orphaned);
+            if orphaned {
+                self.recvs.remove(id.0);
+            } else {
+                self.finish_recv(id, RecvState::Failed(err()));
+            }
+        }
+        let mut failed_sends = Vec::new();
+        for (id, op) in self.sends.iter_mut() {
+            if op.to == rank && matches!(op.state, SendState::AwaitingCts) {
+                failed_sends.push((id, op.forgotten));
+            }
+        }
+        for (id, forgotten) in failed_sends {
+            if forgotten {
+                self.sends.remove(id);
+            } else if let Some(op) = self.sends.get_mut(id) {
+                op.state = SendState::Done(Err(err()));
+                op.data = Bytes::new();
+                self.events.push_back(Event::SendDone(SendId(id)));
+            }
+        }
+    }
+}

@@ -1,0 +1,310 @@
+//! The per-rank driver: the protocol [`Endpoint`] behind a lock, the transport beside it, and the
+//! wakers of the futures waiting on it.
+//!
+//! Everything that moves data goes through [`Driver::pump`]: take what the transport received,
+//! feed it to the endpoint, hand the endpoint's frames to the transport, and wake the futures
+//! whose operations finished. Futures pump while they are polled (so a busy-polling receive sees
+//! its message without any wake-up); the progress task pumps when the transport rings and no
+//! future is busy-polling, which is what moves data while the application is not polling.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
+use std::time::Instant;
+
+use rustc_hash::FxHashMap;
+
+use crate::config::{Config, ProgressPolicy};
+use crate::error::Error;
+use crate::protocol::{Endpoint, EndpointConfig, Event, RecvId, SendId};
+use crate::stats::Stats;
+use crate::transport::{Arrival, Transport};
+
+/// What a parked future waits for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Waiting {
+    Recv(RecvId),
+    Send(SendId),
+}
+
+/// The state behind the driver's lock.
+pub(crate) struct DriverState {
+    pub(crate) endpoint: Endpoint,
+    wakers: FxHashMap<Waiting, Waker>,
+    probe_wakers: Vec<Waker>,
+    arrivals: Vec<Arrival>,
+}
+
+impl DriverState {
+    /// Registers `waker` to be woken when `what` finishes.
+    pub(crate) fn park(&mut self, what: Waiting, waker: &Waker) {
+        match self.wakers.get_mut(&what) {
+            Some(w) if w.will_wake(waker) => {}
+            Some(w) => w.clone_from(waker),
+            None => {
+                self.wakers.insert(what, waker.clone());
+            }
+        }
+    }
+
+    /// Forgets the waker registered for `what`.
+    pub(crate) fn unpark(&mut self, what: Waiting) {
+        self.wakers.remove(&what);
+    }
+
+    /// Registers `waker` to be woken when a new unexpected message arrives.
+    pub(crate) fn park_probe(&mut self, waker: &Waker) {
+        if !self.probe_wakers.iter().any(|w| w.will_wake(waker)) {
+            self.probe_wakers.push(waker.clone());
+        }
+    }
+}
+
+/// One rank's engine, shared by its communicators, their futures and its progress task.
+pub(crate) struct Driver {
+    state: Mutex<DriverState>,
+    transport: Arc<dyn Transport>,
+    pub(crate) config: Config,
+    pub(crate) rank: u32,
+    shutdown: AtomicBool,
+    progress_waker: Mutex<Option<Waker>>,
+}
+
+impl Driver {
+    pub(crate) fn new(rank: u32, size: u32, transport: Arc<dyn Transport>, config: Config) -> Self {
+        let caps = transport.capabilities();
+        let max_payload = config
+            .max_frame
+            .map_or(caps.max_payload, |m| m.min(caps.max_payload));
+        let endpoint = Endpoint::new(EndpointConfig {
+            rank,
+            size,
+            eager_limit: config.eager_limit.min(max_payload),
+            unexpected_limit: config.unexpected_limit,
+            max_payload,
+        });
+        Driver {
+            state: Mutex::new(DriverState {
+                endpoint,
+                wakers: FxHashMap::default(),
+                probe_wakers: Vec::new(),
+                arrivals: Vec::new(),
+            }),
+            transport,
+            config,
+            rank,
+
+            shutdown: AtomicBool::new(false),
+            progress_waker: Mutex::new(None),
+        }
+    }
+
+    /// Locks the state. A panic while the lock was held cannot leave the endpoint half-updated
+    /// in a way we could repair, but poisoning would turn one panicking rank into a panic in
+    /// every later call, so the poison flag is ignored.
+    pub(crate) fn lock(&self) -> MutexGuard<'_, DriverState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs `f` on the locked state after pumping, then wakes whatever finished.
+    pub(crate) fn with<R>(&self, f: impl FnOnce(&mut DriverState) -> R) -> R {
+        let mut wake = Vec::new();
+        let r = {
+            let mut st = self.lock();
+            self.pump(&mut st, &mut wake);
+            let r = f(&mut st);
+            self.flush(&mut st, &mut wake);
+            r
+        };
+        wake.into_iter().for_each(Waker::wake);
+        r
+    }
+
+    /// Moves data: drains the transport into the endpoint, sends what the endpoint produced and
+    /// collects the wakers of finished operations into `wake` (woken after the lock is released).
+    fn pump(&self, st: &mut DriverState, wake: &mut Vec<Waker>) {
+        let mut arrivals = std::mem::take(&mut st.arrivals);
+        loop {
+            if let Err(e) = self.transport.drain(&mut arrivals) {
+                tracing::warn!(rank = self.rank, error = %e, "transport drain failed");
+            }
+            if arrivals.is_empty() {
+                break;
+            }
+            for a in arrivals.drain(..) {
+                st.endpoint.handle(a);
+            }
+            self.flush(st, wake);
+        }
+        st.arrivals = arrivals;
+        self.flush(st, wake);
+    }
+
+    /// Hands queued frames to the transport and turns events into wakers.
+    fn flush(&self, st: &mut DriverState, wake: &mut Vec<Waker>) {
+        while let Some((to, frame)) = st.endpoint.poll_transmit() {
+            if let Err(e) = self.transport.send(to, frame) {
+                tracing::debug!(rank = self.rank, to, error = %e, "peer unreachable");
+                st.endpoint.peer_unreachable(to);
+            }
+        }
+        while let Some(ev) = st.endpoint.poll_event() {
+            let w = match ev {
+                Event::RecvDone(id) => st.wakers.remove(&Waiting::Recv(id)),
+                Event::SendDone(id) => st.wakers.remove(&Waiting::Send(id)),
+                Event::Unexpected => {
+                    wake.append(&mut st.probe_wakers);
+                    None
+                }
+            };
+            wake.extend(w);
+        }
+    }
+
+    /// Pumps once; used by the progress task.
+    pub(crate) fn progress(&self) {
+        self.with(|_| ());
+    }
+
+    /// Polls an operation with the rank's progress policy: `check` looks at the locked state and
+    /// returns the result once the operation is done; `park` registers the waker otherwise.
+    pub(crate) fn poll_op<T>(
+        &self,
+        cx: &mut Context<'_>,
+        wait: &mut Wait,
+        mut check: impl FnMut(&mut DriverState) -> Option<T>,
+        park: impl FnOnce(&mut DriverState, &Waker),
+    ) -> Poll<T> {
+        if let Some(r) = self.with(&mut check) {
+            wait.stop(&*self.transport);
+            return Poll::Ready(r);
+        }
+        if wait.keep_spinning(&self.config, &*self.transport) {
+            // Yield to the scheduler and come straight back: other tasks on this worker run in
+            // between, and no wake-up (syscall) is needed to resume.
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        // Park: register, then check once more so a completion between the two is not missed.
+        self.with(|st| match check(st) {
+            Some(r) => Poll::Ready(r),
+            None => {
+                park(st, cx.waker());
+                Poll::Pending
+            }
+        })
+    }
+
+    /// Counters of this rank.
+    pub(crate) fn stats(&self) -> Stats {
+        self.lock().endpoint.stats()
+    }
+
+    /// The last communicator of this rank is gone: let the progress task finish pending sends
+    /// and then close the transport.
+    pub(crate) fn begin_shutdown(&self) {
+        self.shutdown.store(true, Ordering::SeqCst);
+        let waker = self
+            .progress_waker
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+
+    fn is_shutting_down(&self) -> bool {
+        self.shutdown.load(Ordering::SeqCst)
+    }
+
+    /// The progress task: pumps whenever the transport rings, until shutdown with no sends left.
+    pub(crate) async fn run_progress(self: Arc<Self>) {
+        let mut draining = false;
+        loop {
+            std::future::poll_fn(|cx| {
+                *self
+                    .progress_waker
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner()) = Some(cx.waker().clone());
+                if self.is_shutting_down() && !draining {
+                    return Poll::Ready(());
+                }
+                self.transport.poll_arrival(cx)
+            })
+            .await;
+            draining |= self.is_shutting_down();
+            self.progress();
+            // Sends whose futures were dropped still complete (their peers answer through the
+            // transport, which wakes us); only then does the rank go away.
+            if draining && !self.lock().endpoint.has_pending_sends() {
+                break;
+            }
+        }
+        self.transport.close();
+    }
+
+    /// Spawns the progress task on the current tokio runtime.
+    pub(crate) fn spawn_progress(self: &Arc<Self>) -> Result<(), Error> {
+        let handle = tokio::runtime::Handle::try_current().map_err(|_| Error::NoRuntime)?;
+        handle.spawn(Arc::clone(self).run_progress());
+        Ok(())
+    }
+}
+
+/// The waiting state of one future: whether it is busy-polling and since when.
+#[derive(Debug, Default)]
+pub(crate) struct Wait {
+    busy: bool,
+    since: Option<Instant>,
+    polls: u32,
+}
+
+impl Wait {
+    /// Whether to keep busy-polling (and registers as a busy poller with the transport if so).
+    fn keep_spinning(&mut self, config: &Config, transport: &dyn Transport) -> bool {
+        let spin = match config.progress {
+            ProgressPolicy::Park => false,
+            ProgressPolicy::Spin => true,
+            ProgressPolicy::SpinThenPark => {
+                // Reading the clock costs ~25 ns; look at it every 16 polls.
+                self.polls = self.polls.wrapping_add(1);
+                let since = *self.since.get_or_insert_with(Instant::now);
+                self.polls % 16 != 0 || since.elapsed() < config.spin
+            }
+        };
+        if spin && !self.busy {
+            self.busy = true;
+            transport.begin_busy_poll();
+        } else if !spin {
+            self.stop(transport);
+        }
+        spin
+    }
+
+    /// Stops busy-polling (the transport then wakes the progress task for new arrivals).
+    pub(crate) fn stop(&mut self, transport: &dyn Transport) {
+        if self.busy {
+            self.busy = false;
+            transport.end_busy_poll();
+        }
+    }
+}
+
+impl Driver {
+    /// Ends a future's busy-polling when it is dropped mid-spin.
+    pub(crate) fn release(&self, wait: &mut Wait) {
+        wait.stop(&*self.transport);
+    }
+}
+
+/// Keeps a rank alive while any of its communicators exists; the last one to go starts shutdown.
+pub(crate) struct RankLife {
+    pub(crate) driver: Arc<Driver>,
+}
+
+impl Drop for RankLife {
+    fn drop(&mut self) {
+        self.driver.begin_shutdown();
+    }
+}

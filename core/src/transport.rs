@@ -1,0 +1,72 @@
+//! The [`Transport`] trait: what the message layer needs from something that moves frames.
+//!
+//! A transport moves [`Frame`]s between the ranks of a job and says what it guarantees
+//! ([`Capabilities`]); the message layer adds only what is missing (UCX's split between UCT and
+//! UCP). One `Transport` value serves one rank.
+
+use std::task::{Context, Poll};
+
+use crate::error::TransportError;
+use crate::frame::Frame;
+
+/// What a transport guarantees and can do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Frames are never lost, corrupted or duplicated.
+    pub reliable: bool,
+    /// Frames from one sender arrive in the order they were sent.
+    pub ordered: bool,
+    /// The largest payload one frame may carry (`usize::MAX` when unlimited).
+    pub max_payload: usize,
+    /// The transport can deliver one frame to many ranks at once.
+    pub multicast: bool,
+    /// The transport can read or write remote memory directly.
+    pub rdma: bool,
+}
+
+/// Something a transport received for its rank.
+#[derive(Debug)]
+pub enum Arrival {
+    /// A frame from world rank `from`.
+    Frame {
+        /// The sender's world rank.
+        from: u32,
+        /// The frame.
+        frame: Frame,
+    },
+    /// World rank `rank` has failed or exited: nothing more will come from it. Every frame it
+    /// sent before arrives before this.
+    PeerLost {
+        /// The lost rank.
+        rank: u32,
+    },
+}
+
+/// Moves frames for one rank.
+///
+/// Implementations must never block: `send` queues or hands off, `drain` takes what is there.
+pub trait Transport: Send + Sync + 'static {
+    /// What this transport guarantees.
+    fn capabilities(&self) -> Capabilities;
+
+    /// Hands a frame to the transport for delivery to world rank `to`.
+    fn send(&self, to: u32, frame: Frame) -> Result<(), TransportError>;
+
+    /// Moves everything that has arrived into `out`; returns how many were added.
+    fn drain(&self, out: &mut Vec<Arrival>) -> Result<usize, TransportError>;
+
+    /// Registers the task to be woken when something may have arrived; `Ready` if something
+    /// already has. Used by the progress engine before it parks.
+    fn poll_arrival(&self, cx: &mut Context<'_>) -> Poll<()>;
+
+    /// A poller has started busy-polling this rank: the transport may skip waking the parked
+    /// progress engine while at least one is active. Calls nest.
+    fn begin_busy_poll(&self) {}
+
+    /// A busy poller stopped. The transport must make sure nothing that arrived meanwhile is left
+    /// without someone to process it (wake the parked progress engine if anything is waiting).
+    fn end_busy_poll(&self) {}
+
+    /// This rank is shutting down: peers should learn it is gone (after everything it sent).
+    fn close(&self) {}
+}

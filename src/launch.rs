@@ -1,0 +1,95 @@
+//! Starting ranks: in-process jobs today; launcher detection (`rwrun`, PMI, Open MPI, Slurm)
+//! arrives with the launch work.
+
+use std::future::Future;
+
+use rankweave_core::{Communicator, Config, Error, TransportKind};
+use rankweave_transports::inproc;
+
+/// Runs `n` ranks as tokio tasks of this process and returns their results in rank order.
+///
+/// Each rank gets its world [`Communicator`]; traffic between them goes over the in-process
+/// transport (zero-copy). Settings come from the environment ([`Config::from_env`]). If a rank
+/// panics, its peers see [`Error::PeerFailed`] for operations that involve it, and `local`
+/// returns [`Error::RankPanicked`] naming the first rank that did.
+pub async fn local<F, Fut, T>(n: usize, f: F) -> Result<Vec<T>, Error>
+where
+    F: FnMut(Communicator) -> Fut,
+    Fut: Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    local_with(Config::from_env()?, n, f).await
+}
+
+/// [`local`] with an explicit configuration.
+pub async fn local_with<F, Fut, T>(config: Config, n: usize, mut f: F) -> Result<Vec<T>, Error>
+where
+    F: FnMut(Communicator) -> Fut,
+    Fut: Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    match config.transport {
+        TransportKind::Auto | TransportKind::Inproc => {}
+        other => {
+            return Err(Error::InvalidArgument(format!(
+                "in-process jobs run over the in-process transport; {other:?} is not available for them yet"
+            )));
+        }
+    }
+    let comms = inproc::world(n, &config)?;
+    let tasks: Vec<_> = comms.into_iter().map(|c| tokio::spawn(f(c))).collect();
+    let mut results = Vec::with_capacity(n);
+    let mut failure = None;
+    for (rank, task) in tasks.into_iter().enumerate() {
+        match task.await {
+            Ok(v) => results.push(v),
+            Err(e) => {
+                let message = if e.is_panic() {
+                    let p = e.into_panic();
+                    p.downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| p.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "non-string panic".into())
+                } else {
+                    "task cancelled".into()
+                };
+                failure.get_or_insert(Error::RankPanicked { rank, message });
+            }
+        }
+    }
+    match failure {
+        Some(e) => Err(e),
+        None => Ok(results),
+    }
+}
+
+/// Environment variables that show the process was started by a launcher.
+const LAUNCHER_VARIABLES: &[&str] = &[
+    "PMI_FD",
+    "PMI_PORT",
+    "OMPI_COMM_WORLD_SIZE",
+    "SLURM_NTASKS",
+    "RANKWEAVE_RANK",
+];
+
+/// Joins the job this process belongs to and returns its world communicator.
+///
+/// Today this supports the singleton case (rank 0 of 1) only; started by a launcher, it returns
+/// an error naming the launcher variable it found rather than silently running alone.
+pub async fn init() -> Result<Communicator, Error> {
+    init_with(Config::from_env()?).await
+}
+
+/// [`init`] with an explicit configuration.
+pub async fn init_with(config: Config) -> Result<Communicator, Error> {
+    if let Some(var) = LAUNCHER_VARIABLES
+        .iter()
+        .find(|v| std::env::var_os(v).is_some())
+    {
+        return Err(Error::InvalidArgument(format!(
+            "started by a launcher ({var} is set), but launcher support is not built yet; use rankweave::local for in-process jobs"
+        )));
+    }
+    let mut comms = inproc::world(1, &config)?;
+    comms.pop().ok_or(Error::Shutdown)
+}

@@ -1,0 +1,293 @@
+//! A rank's in-process mailbox: many producers push, the owning rank drains in batches.
+//!
+//! Every in-process rank owns one [`Mailbox`]. Other ranks' threads [`push`](Mailbox::push)
+//! frames into it; the owner moves everything queued out in one
+//! [`drain_into`](Mailbox::drain_into) (a vector swap under the lock).
+//!
+//! # Doorbell
+//!
+//! The owner's progress task parks on [`poll_nonempty`](Mailbox::poll_nonempty) and must be
+//! woken when an item arrives. While at least one of the owner's futures busy-polls the mailbox
+//! (between [`begin_busy_poll`](Mailbox::begin_busy_poll) and
+//! [`end_busy_poll`](Mailbox::end_busy_poll)) pushes do not wake anybody: a wake-up is a
+//! cross-thread syscall and the spinning future will see the item anyway. The last busy poller
+//! to stop hands over: if items are queued when it stops, it wakes the registered waker.
+//!
+//! # Why no wake-up is lost
+//!
+//! Three Dekker-style handshakes, each "write my flag; `fence(SeqCst)`; read the other's flag":
+//!
+//! | side        | writes                           | then reads                 |
+//! |-------------|----------------------------------|----------------------------|
+//! | pusher      | `len` (item queued)              | `busy`, then `registered`  |
+//! | last poller | `busy` (decrement to 0)          | `len`                      |
+//! | parker      | `registered` (waker stored)      | `len`                      |
+//!
+//! Two `SeqCst` fences are totally ordered, so for each pair at least one side reads the other's
+//! write: either the pusher sees `busy == 0` and a registered waker and wakes it, or the stopping
+//! poller / the parker sees the item. The flags themselves are accessed `Relaxed`: the fences
+//! give the ordering, and the queued data is protected by the queue's mutex. (We use fences
+//! rather than `SeqCst` loads and stores because loom models `SeqCst` fences exactly but treats
+//! `SeqCst` accesses as `AcqRel`; on x86 the cost is the same single full barrier per push.)
+//!
+//! A pusher that wakes *takes* the waker out of the slot, so each registration costs at most
+//! one wake-up; the owner re-registers the next time it parks.
+//!
+//! This file is also compiled by the `loom-tests` crate against loom's primitives, so it must
+//! take every synchronization primitive from `crate::sync` and nothing else from its crate.
+
+use std::fmt;
+use std::mem;
+use std::task::{Context, Poll, Waker};
+
+use crate::sync::atomic::{AtomicBool, AtomicUsize, Ordering, fence};
+use crate::sync::{Mutex, MutexGuard};
+
+/// A multi-producer, single-consumer batch queue with a busy-poll-aware doorbell.
+///
+/// Any thread may [`push`](Self::push); only the owning rank should call
+/// [`drain_into`](Self::drain_into), [`poll_nonempty`](Self::poll_nonempty) and the busy-poll
+/// pair (the structure stays memory-safe and loses nothing if others do, but the wake-up
+/// protocol assumes a single consumer).
+pub struct Mailbox<T> {
+    /// Queued items, oldest first.
+    queue: Mutex<Vec<T>>,
+    /// Number of queued items. Written only while `queue` is locked (so it always equals the
+    /// queue's length when the lock is free); read without the lock as an emptiness hint and as
+    /// the pusher's side of the Dekker handshakes.
+    len: AtomicUsize,
+    /// Set once by [`close`](Self::close), while `queue` is locked, so a push that holds the
+    /// lock sees a consistent value.
+    closed: AtomicBool,
+    /// Number of busy pollers currently spinning on this mailbox.
+    busy: AtomicUsize,
+    /// The owner's parked waker, if any.
+    waker: WakerSlot,
+}
+
+impl<T> Mailbox<T> {
+    /// Creates an empty, open mailbox with no registered waker and no busy poller.
+    #[must_use]
+    pub fn new() -> Self {
+        Self {
+            queue: Mutex::new(Vec::new()),
+            len: AtomicUsize::new(0),
+            closed: AtomicBool::new(false),
+            busy: AtomicUsize::new(0),
+            waker: WakerSlot::new(),
+        }
+    }
+
+    /// Enqueues `item` at the back of the queue.
+    ///
+    /// Returns `Err(item)` if the mailbox is closed. Otherwise, unless a busy poller is active,
+    /// wakes the registered waker (if any). With a busy poller active this costs one lock, one
+    /// vector push, one fence and one atomic load: no syscall.
+    ///
+    /// # Errors
+    ///
+    /// `Err(item)`, giving the item back, if the mailbox has been [closed](Self::close).
+    pub fn push(&self, item: T) -> Result<(), T> {
+        {
+            let mut queue = lock(&self.queue);
+            if self.closed.load(Ordering::Relaxed) {
+                return Err(item);
+            }
+            queue.push(item);
+            self.len.store(queue.len(), Ordering::Relaxed);
+        }
+        // Dekker (see module docs): our `len` store must be ordered before the `busy` and
+        // `registered` loads below against the stopping poller's / parker's store-fence-load.
+        fence(Ordering::SeqCst);
+        if self.busy.load(Ordering::Relaxed) == 0 {
+            self.waker.wake();
+        }
+        Ok(())
+    }
+
+    /// Moves every queued item to the end of `out`, oldest first, and returns how many.
+    ///
+    /// Swaps vectors under the lock, so the critical section is O(1). If `out` is empty, its
+    /// allocation is handed to the mailbox for the next pushes (no reallocation in steady
+    /// state). Returns 0 without locking if the mailbox looks empty.
+    pub fn drain_into(&self, out: &mut Vec<T>) -> usize {
+        if self.len.load(Ordering::Relaxed) == 0 {
+            return 0;
+        }
+        let reuse = out.is_empty();
+        let mut batch = if reuse { mem::take(out) } else { Vec::new() };
+        {
+            let mut queue = lock(&self.queue);
+            mem::swap(&mut *queue, &mut batch);
+            self.len.store(0, Ordering::Relaxed);
+        }
+        let n = batch.len();
+        if reuse {
+            *out = batch;
+        } else {
+            out.append(&mut batch);
+        }
+        n
+    }
+
+    /// Returns `true` if no item is queued (one atomic load, no lock).
+    ///
+    /// From a thread other than the owner's this is only a snapshot.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len.load(Ordering::Relaxed) == 0
+    }
+
+    /// Returns `Ready` if items are queued; otherwise registers `cx`'s waker (replacing any
+    /// previously registered one) and returns `Pending`.
+    ///
+    /// The waker is registered *before* the final emptiness check, so an item pushed
+    /// concurrently is either seen here or wakes the registered waker. If items are already
+    /// queued on entry it returns `Ready` at once without touching the waker slot.
+    ///
+    /// Closing does not make this `Ready` (an empty closed mailbox stays `Pending`), but
+    /// [`close`](Self::close) wakes the registered waker: an owner that must notice closure
+    /// should check [`is_closed`](Self::is_closed) *after* getting `Pending` here, and then it
+    /// cannot miss a concurrent close either.
+    pub fn poll_nonempty(&self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.len.load(Ordering::Relaxed) != 0 {
+            return Poll::Ready(());
+        }
+        self.waker.register(cx.waker());
+        // Dekker (see module docs): the `registered` store must be ordered before the `len` load
+        // (and a caller's subsequent `closed` load) against the pusher's / closer's store-fence-load.
+        fence(Ordering::SeqCst);
+        if self.len.load(Ordering::Relaxed) != 0 {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    }
+
+    /// Marks the start of a busy poll: until the matching [`end_busy_poll`](Self::end_busy_poll),
+    /// pushes do not wake the registered waker. Calls nest (it is a counter).
+    pub fn begin_busy_poll(&self) {
+        // Relaxed suffices: a pusher that reads a non-zero count is covered by the handshake of
+        // whichever poller later brings the count back to zero.
+        self.busy.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Marks the end of a busy poll started by [`begin_busy_poll`](Self::begin_busy_poll).
+    ///
+    /// When the last busy poller stops and items are still queued, wakes the registered waker so
+    /// nothing is left unprocessed (pushes during the busy poll did not wake it). Every call
+    /// must match an earlier `begin_busy_poll`.
+    pub fn end_busy_poll(&self) {
+        let prev = self.busy.fetch_sub(1, Ordering::Relaxed);
+        debug_assert!(prev != 0, "Mailbox::end_busy_poll without begin_busy_poll");
+        if prev != 1 {
+            // Another poller is still spinning: it will see the items, or hand over when it
+            // stops (pushes that saw a non-zero count are covered by the last one's check).
+            return;
+        }
+        // Dekker (see module docs): our `busy` decrement must be ordered before the `len` load
+        // against the pusher's store-fence-load.
+        fence(Ordering::SeqCst);
+        if self.len.load(Ordering::Relaxed) != 0 {
+            self.waker.wake();
+        }
+    }
+
+    /// Closes the mailbox: later pushes fail with `Err(item)`; items already queued stay
+    /// drainable. Wakes the registered waker so a parked owner notices. Idempotent.
+    pub fn close(&self) {
+        {
+            let _queue = lock(&self.queue);
+            self.closed.store(true, Ordering::Relaxed);
+        }
+        // Dekker with a parker that checks `is_closed` after `poll_nonempty` returned Pending.
+        fence(Ordering::SeqCst);
+        self.waker.wake();
+    }
+
+    /// Returns `true` once [`close`](Self::close) has been called.
+    #[must_use]
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Relaxed)
+    }
+}
+
+impl<T> Default for Mailbox<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<T> fmt::Debug for Mailbox<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Mailbox")
+            .field("len", &self.len.load(Ordering::Relaxed))
+            .field("busy", &self.busy.load(Ordering::Relaxed))
+            .field("closed", &self.closed.load(Ordering::Relaxed))
+            .field("registered", &self.waker.registered.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+/// A waker slot registered by one owner and taken-and-woken by any thread.
+///
+/// `registered` mirrors `waker.is_some()` (written only with the lock held) so that wakers skip
+/// the lock when nothing is registered.
+struct WakerSlot {
+    waker: Mutex<Option<Waker>>,
+    registered: AtomicBool,
+}
+
+impl WakerSlot {
+    fn new() -> Self {
+        Self {
+            waker: Mutex::new(None),
+            registered: AtomicBool::new(false),
+        }
+    }
+
+    /// Stores a clone of `waker`, replacing the previous one. The caller must issue
+    /// `fence(SeqCst)` before checking its wake-up condition.
+    fn register(&self, waker: &Waker) {
+        let old = {
+            let mut slot = lock(&self.waker);
+            let old = match &*slot {
+                Some(current) if current.will_wake(waker) => None,
+                _ => slot.replace(waker.clone()),
+            };
+            self.registered.store(true, Ordering::Relaxed);
+            old
+        };
+        // Dropped outside the lock: a waker's drop may run arbitrary code.
+        drop(old);
+    }
+
+    /// Takes the registered waker, if any, and wakes it. The caller must have issued
+    /// `fence(SeqCst)` after publishing the condition the waker waits for.
+    fn wake(&self) {
+        if !self.registered.load(Ordering::Relaxed) {
+            return;
+        }
+        let waker = {
+            let mut slot = lock(&self.waker);
+            self.registered.store(false, Ordering::Relaxed);
+            slot.take()
+        };
+        // Woken outside the lock: `wake` may run arbitrary code (even re-register).
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+    }
+}
+
+/// Locks `mutex`, ignoring poisoning: no critical section here leaves the data inconsistent if
+/// it unwinds.
+fn lock<U>(mutex: &Mutex<U>) -> MutexGuard<'_, U> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+#[cfg(test)]
+#[path = "mailbox_tests.rs"]
+mod tests;
