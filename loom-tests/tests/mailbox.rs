@@ -11,6 +11,24 @@ use loom::sync::atomic::{AtomicUsize, Ordering};
 use loom::thread;
 use loom_tests::mailbox::Mailbox;
 
+/// Default preemption bound when `LOOM_MAX_PREEMPTIONS` is not set, so that a plain
+/// `cargo test --workspace` stays fast (an unbounded exploration of the larger models takes
+/// many minutes). Set `LOOM_MAX_PREEMPTIONS` to explore more (or fewer) schedules.
+const DEFAULT_PREEMPTION_BOUND: usize = 3;
+
+/// Runs `f` under loom with the preemption bound from `LOOM_MAX_PREEMPTIONS`, or
+/// [`DEFAULT_PREEMPTION_BOUND`] if unset.
+fn model<F>(f: F)
+where
+    F: Fn() + Sync + Send + 'static,
+{
+    let mut builder = loom::model::Builder::new();
+    if builder.preemption_bound.is_none() {
+        builder.preemption_bound = Some(DEFAULT_PREEMPTION_BOUND);
+    }
+    builder.check(f);
+}
+
 /// A waker that counts its wake-ups in a loom atomic (so loom tracks the happens-before edge
 /// from the waking thread to whoever reads the count after joining it).
 struct CountingWaker {
@@ -40,7 +58,7 @@ impl CountingWaker {
 /// while a pusher pushes. Either the owner's check saw the item, or its waker was woken.
 #[test]
 fn park_vs_push_no_lost_wakeup() {
-    loom::model(|| {
+    model(|| {
         let mb = Arc::new(Mailbox::new());
         let pusher = {
             let mb = mb.clone();
@@ -66,7 +84,7 @@ fn park_vs_push_no_lost_wakeup() {
 /// a deadlock, which loom reports. Also exercises take-and-re-register of the waker.
 #[test]
 fn park_until_items_arrive() {
-    loom::model(|| {
+    model(|| {
         let mb = Arc::new(Mailbox::new());
         let pushers: Vec<_> = (0..2u32)
             .map(|id| {
@@ -94,7 +112,7 @@ fn park_until_items_arrive() {
 /// and `end_busy_poll` seeing the item, so a wake here always comes after the push).
 #[test]
 fn busy_poll_handoff() {
-    loom::model(|| {
+    model(|| {
         let mb = Arc::new(Mailbox::new());
         let (waker, counter) = counting_waker();
         assert!(
@@ -124,7 +142,7 @@ fn busy_poll_handoff() {
 /// woken.
 #[test]
 fn busy_poll_handoff_two_pollers() {
-    loom::model(|| {
+    model(|| {
         let mb = Arc::new(Mailbox::new());
         let (waker, counter) = counting_waker();
         assert!(
@@ -160,7 +178,7 @@ fn busy_poll_handoff_two_pollers() {
 /// exactly one wake.
 #[test]
 fn busy_poll_suppresses_wakeups() {
-    loom::model(|| {
+    model(|| {
         let mb = Arc::new(Mailbox::new());
         let (waker, counter) = counting_waker();
         assert!(
@@ -191,7 +209,7 @@ fn busy_poll_suppresses_wakeups() {
 /// duplicated, FIFO per pusher.
 #[test]
 fn two_pushers_fifo() {
-    loom::model(|| {
+    model(|| {
         let mb = Arc::new(Mailbox::new());
         let pushers: Vec<_> = (0..2u32)
             .map(|id| {
@@ -229,7 +247,7 @@ fn two_pushers_fifo() {
 /// once a push fails every later push fails; accepted items keep their order.
 #[test]
 fn close_vs_push() {
-    loom::model(|| {
+    model(|| {
         let mb = Arc::new(Mailbox::new());
         let pusher = {
             let mb = mb.clone();
@@ -255,7 +273,7 @@ fn close_vs_push() {
 /// sees the mailbox still open can sleep, because a concurrent `close` is guaranteed to wake it.
 #[test]
 fn close_wakes_parked_owner() {
-    loom::model(|| {
+    model(|| {
         let mb = Arc::new(Mailbox::<u32>::new());
         let closer = {
             let mb = mb.clone();

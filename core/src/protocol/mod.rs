@@ -22,6 +22,8 @@
 
 mod op_table;
 mod reassembly;
+#[cfg(test)]
+mod tests;
 
 use std::collections::VecDeque;
 
@@ -40,7 +42,7 @@ use crate::types::ContextId;
 fn unexpected_cost(msg: &Incoming) -> usize {
     match msg {
         Incoming::Data { data, .. } => data.len(),
-        Incoming::Rts { .. } => 0,
+        Incoming::Rts { .. } | Incoming::InFlight { .. } => 0,
     }
 }
 
@@ -112,13 +114,17 @@ enum Incoming {
     Data { data: Bytes, cost: u64 },
     /// Only the envelope is here; the data waits at the sender under `send_id`.
     Rts { send_id: u64, len: usize },
+    /// The data is arriving for receive `recv`, whose future was dropped after it matched: this
+    /// entry keeps the message's place in line, and the receive that takes it adopts the
+    /// transfer.
+    InFlight { recv: RecvId, len: usize },
 }
 
 impl Incoming {
     fn len(&self) -> usize {
         match self {
             Incoming::Data { data, .. } => data.len(),
-            Incoming::Rts { len, .. } => *len,
+            Incoming::Rts { len, .. } | Incoming::InFlight { len, .. } => *len,
         }
     }
 }
@@ -133,6 +139,12 @@ enum RecvState {
         seq: u64,
         data: Reassembler,
     },
+    /// Took over the transfer of orphaned receive `orphan` (see [`Incoming::InFlight`]).
+    Adopting {
+        orphan: RecvId,
+        key: MatchKey,
+        seq: u64,
+    },
     /// Matched a message whose data is all here.
     Done {
         key: MatchKey,
@@ -146,11 +158,14 @@ enum RecvState {
 
 #[derive(Debug)]
 struct RecvOp {
+    sel: Selector,
     max_len: Option<usize>,
     state: RecvState,
-    /// The application dropped this receive after it matched: when the data is complete it goes
-    /// back to the unexpected queue instead of being delivered.
+    /// The application dropped this receive after it matched; an [`Incoming::InFlight`] entry
+    /// holds the message's place in the unexpected queue while its data keeps arriving here.
     orphaned: bool,
+    /// The receive that took over this orphan's transfer.
+    adopted_by: Option<RecvId>,
 }
 
 #[derive(Debug)]
@@ -203,9 +218,9 @@ pub struct Endpoint {
 impl Endpoint {
     /// A fresh endpoint.
     pub fn new(cfg: EndpointConfig) -> Self {
-        let others = cfg.size.saturating_sub(1).max(1) as u64;
+        // Every rank, this one included (self-sends), gets an equal share of the limit.
         Endpoint {
-            credit_per_peer: cfg.unexpected_limit as u64 / others,
+            credit_per_peer: cfg.unexpected_limit as u64 / u64::from(cfg.size.max(1)),
             cfg,
             matcher: Matcher::new(),
             recvs: OpTable::default(),
@@ -331,21 +346,25 @@ impl Endpoint {
     /// Posts a receive for messages matching `sel`. With `max_len`, a longer message fails the
     /// receive with [`Error::Truncated`] and stays queued for the next receive.
     pub fn post_recv(&mut self, sel: Selector, max_len: Option<usize>) -> RecvId {
-        // The placeholder state is replaced below before anyone can observe it.
+        // The placeholder state is replaced by `post` before anyone can observe it.
         let id = RecvId(self.recvs.insert(RecvOp {
+            sel,
             max_len,
             state: RecvState::Failed(Error::Shutdown),
             orphaned: false,
+            adopted_by: None,
         }));
+        self.post(id, sel);
+        self.run_loopback();
+        id
+    }
+
+    /// Matches receive `id` against the unexpected queue, or queues it.
+    fn post(&mut self, id: RecvId, sel: Selector) {
         if let Some(source) = sel.source {
             if self.is_lost(source) && self.probe(&sel).is_none() {
-                self.finish_recv(
-                    id,
-                    RecvState::Failed(Error::PeerFailed {
-                        rank: source as usize,
-                    }),
-                );
-                return id;
+                let rank = source as usize;
+                return self.finish_recv(id, RecvState::Failed(Error::PeerFailed { rank }));
             }
         }
         match self.matcher.post(sel, id) {
@@ -359,14 +378,13 @@ impl Endpoint {
                 self.deliver(recv, unexpected);
             }
         }
-        self.run_loopback();
-        id
     }
 
     /// The result of a finished receive (removing it), or `None` while it is still pending.
     pub fn take_recv(&mut self, id: RecvId) -> Option<Result<Received, Error>> {
         let op = self.recvs.get(id.0)?;
-        if !matches!(op.state, RecvState::Done { .. } | RecvState::Failed(_)) {
+        // An orphan's outcome belongs to whoever takes its in-flight entry, not to its old id.
+        if op.orphaned || !matches!(op.state, RecvState::Done { .. } | RecvState::Failed(_)) {
             return None;
         }
         match self.recvs.remove(id.0)?.state {
@@ -382,7 +400,7 @@ impl Endpoint {
                 }))
             }
             RecvState::Failed(e) => Some(Err(e)),
-            RecvState::Posted(_) | RecvState::Receiving { .. } => None,
+            RecvState::Posted(_) | RecvState::Receiving { .. } | RecvState::Adopting { .. } => None,
         }
     }
 
@@ -394,9 +412,30 @@ impl Endpoint {
             return;
         };
         match op.state {
-            RecvState::Receiving { .. } => {
+            RecvState::Receiving { key, seq, ref data } => {
+                // Keep the message's place in line; its data keeps arriving into this op.
+                let len = data.len();
                 op.orphaned = true;
-                return;
+                self.requeue(Unexpected {
+                    seq,
+                    key,
+                    msg: Incoming::InFlight { recv: id, len },
+                });
+            }
+            RecvState::Adopting { orphan, key, seq } => {
+                self.recvs.remove(id.0);
+                let len = self.recvs.get_mut(orphan.0).map_or(0, |o| {
+                    o.adopted_by = None;
+                    match &o.state {
+                        RecvState::Receiving { data, .. } => data.len(),
+                        _ => 0,
+                    }
+                });
+                self.requeue(Unexpected {
+                    seq,
+                    key,
+                    msg: Incoming::InFlight { recv: orphan, len },
+                });
             }
             RecvState::Posted(key) => {
                 self.matcher.cancel(key);
@@ -513,8 +552,9 @@ impl Endpoint {
                 );
             }
             Header::Rts { envelope, send_id } => {
-                let Ok(len) = usize::try_from(envelope.len) else {
-                    return self.protocol_error(from, "impossible message length");
+                let len = match usize::try_from(envelope.len) {
+                    Ok(len) if len <= isize::MAX as usize => len,
+                    _ => return self.protocol_error(from, "impossible message length"),
                 };
                 if !self.check_seq(from, envelope.seq) {
                     return;
@@ -618,10 +658,13 @@ impl Endpoint {
                         cost,
                     },
                 ),
+                Incoming::InFlight { recv: orphan, .. } => self.adopt(id, orphan, u.key, u.seq),
                 Incoming::Rts { send_id, len } => {
                     if self.is_lost(u.key.source) {
-                        let rank = u.key.source as usize;
-                        self.finish_recv(id, RecvState::Failed(Error::PeerFailed { rank }));
+                        // The data can never come: drop the RTS and match the receive anew.
+                        if let Some(sel) = self.recvs.get(id.0).map(|op| op.sel) {
+                            self.post(id, sel);
+                        }
                         return;
                     }
                     if let Some(op) = self.recvs.get_mut(id.0) {
@@ -641,6 +684,52 @@ impl Endpoint {
                 }
             }
             return;
+        }
+    }
+
+    /// Receive `id` takes over the transfer of orphaned receive `orphan`.
+    fn adopt(&mut self, id: RecvId, orphan: RecvId, key: MatchKey, seq: u64) {
+        let Some(o) = self.recvs.get_mut(orphan.0) else {
+            debug_assert!(false, "in-flight entry for a receive that is gone");
+            return;
+        };
+        if matches!(o.state, RecvState::Receiving { .. }) {
+            o.adopted_by = Some(id);
+            if let Some(op) = self.recvs.get_mut(id.0) {
+                op.state = RecvState::Adopting { orphan, key, seq };
+            }
+            return;
+        }
+        // The transfer already ended while nobody wanted it: hand over its outcome.
+        let state = match self.recvs.remove(orphan.0).map(|o| o.state) {
+            Some(RecvState::Done { data, .. }) => RecvState::Done {
+                key,
+                seq,
+                data,
+                cost: 0,
+            },
+            Some(RecvState::Failed(e)) => RecvState::Failed(e),
+            _ => RecvState::Failed(Error::PeerFailed {
+                rank: key.source as usize,
+            }),
+        };
+        self.finish_recv(id, state);
+    }
+
+    /// Ends orphaned receive `orphan` with `state`: its adopter gets the outcome; without one,
+    /// the orphan keeps it (silently) until a receive takes its in-flight entry.
+    fn finish_orphan(&mut self, orphan: RecvId, state: RecvState) {
+        let adopter = self.recvs.get(orphan.0).and_then(|o| o.adopted_by);
+        match adopter {
+            Some(adopter) => {
+                self.recvs.remove(orphan.0);
+                self.finish_recv(adopter, state);
+            }
+            None => {
+                if let Some(o) = self.recvs.get_mut(orphan.0) {
+                    o.state = state;
+                }
+            }
         }
     }
 
@@ -702,8 +791,26 @@ impl Endpoint {
         let Ok(offset) = usize::try_from(offset) else {
             return self.protocol_error(from, "impossible data offset");
         };
-        if data.insert(offset, payload).is_err() {
-            return self.protocol_error(from, "data fragment out of bounds or overlapping");
+        let orphaned = op.orphaned;
+        match data.insert(offset, payload) {
+            Ok(()) => {}
+            Err(FragmentError::NoMemory) => {
+                // Nothing else can be done for this message: fail the receive, keep the rank.
+                let detail = format!("cannot allocate {} bytes for a message", data.len());
+                self.protocol_error(from, &detail);
+                let state = RecvState::Failed(Error::Protocol {
+                    peer: from as usize,
+                    detail,
+                });
+                return if orphaned {
+                    self.finish_orphan(RecvId(recv_id), state)
+                } else {
+                    self.finish_recv(RecvId(recv_id), state)
+                };
+            }
+            Err(_) => {
+                return self.protocol_error(from, "data fragment out of bounds or overlapping");
+            }
         }
         if !data.is_complete() {
             return;
@@ -715,20 +822,15 @@ impl Endpoint {
             return;
         };
         let data = data.finish();
+        let state = RecvState::Done {
+            key,
+            seq,
+            data,
+            cost: 0,
+        };
         if orphaned {
-            self.recvs.remove(recv_id);
-            self.requeue(Unexpected {
-                seq,
-                key,
-                msg: Incoming::Data { data, cost: 0 },
-            });
+            self.finish_orphan(RecvId(recv_id), state);
         } else {
-            let state = RecvState::Done {
-                key,
-                seq,
-                data,
-                cost: 0,
-            };
             self.finish_recv(RecvId(recv_id), state);
         }
     }
@@ -770,7 +872,7 @@ impl Endpoint {
         for id in failed_recvs {
             let orphaned = self.recvs.get(id.0).is_some_and(|op| op.orphaned);
             if orphaned {
-                self.recvs.remove(id.0);
+                self.finish_orphan(id, RecvState::Failed(err()));
             } else {
                 self.finish_recv(id, RecvState::Failed(err()));
             }

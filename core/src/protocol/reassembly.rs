@@ -1,6 +1,6 @@
 //! Reassembly of a rendezvous message from data fragments that may arrive in any order.
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 
 /// Why a fragment was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -9,6 +9,8 @@ pub enum FragmentError {
     OutOfBounds,
     /// The fragment overlaps bytes that already arrived.
     Overlap,
+    /// The message buffer could not be allocated (a huge or forged length).
+    NoMemory,
 }
 
 /// Collects the fragments of one message into a buffer.
@@ -21,7 +23,7 @@ pub enum FragmentError {
 pub struct Reassembler {
     len: usize,
     whole: Option<Bytes>,
-    buf: Option<BytesMut>,
+    buf: Option<Vec<u8>>,
     /// Received byte ranges, sorted and merged (usually a single range: fragments come in order).
     ranges: Vec<(usize, usize)>,
     received: usize,
@@ -80,7 +82,17 @@ impl Reassembler {
             return Ok(());
         }
         self.add_range(offset, end)?;
-        let buf = self.buf.get_or_insert_with(|| BytesMut::zeroed(self.len));
+        if self.buf.is_none() {
+            // Fallible: a forged length must fail this message, not abort the process.
+            let mut v = Vec::new();
+            v.try_reserve_exact(self.len)
+                .map_err(|_| FragmentError::NoMemory)?;
+            v.resize(self.len, 0);
+            self.buf = Some(v);
+        }
+        let Some(buf) = self.buf.as_mut() else {
+            return Err(FragmentError::NoMemory);
+        };
         buf[offset..end].copy_from_slice(&data);
         self.received += data.len();
         Ok(())
@@ -112,7 +124,7 @@ impl Reassembler {
     pub fn finish(self) -> Bytes {
         match (self.whole, self.buf) {
             (Some(whole), _) => whole,
-            (None, Some(buf)) => buf.freeze(),
+            (None, Some(buf)) => Bytes::from(buf),
             (None, None) => Bytes::new(),
         }
     }

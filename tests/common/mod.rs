@@ -1,0 +1,59 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::time::Duration;
+
+/// How long any one test may run before it counts as hung.
+pub const TEST_DEADLINE: Duration = Duration::from_secs(60);
+
+/// Runs `f` with the test deadline: a hang fails the test instead of blocking CI.
+pub async fn within<F: Future>(f: F) -> F::Output {
+    match tokio::time::timeout(TEST_DEADLINE, f).await {
+        Ok(v) => v,
+        Err(_) => panic!("test did not finish within {TEST_DEADLINE:?} (hang?)"),
+    }
+}
+
+/// A deterministic pseudo-random byte pattern of `len` bytes for `seed` (xorshift64*), so a
+/// receiver can rebuild what the sender sent and compare byte for byte.
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(len + 8);
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    while out.len() < len {
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        out.extend_from_slice(&x.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+/// Asserts that `got` equals `pattern(seed, len)`, reporting the first differing offset instead
+/// of dumping megabytes.
+pub fn assert_pattern(got: &[u8], seed: u64, len: usize) {
+    assert_eq!(got.len(), len, "payload length (seed {seed})");
+    let want = pattern(seed, len);
+    if got != want.as_slice() {
+        let at = got.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(0);
+        panic!("payload (seed {seed}, {len} bytes) differs first at byte {at}");
+    }
+}
+
+/// A small deterministic generator for test plans (not for payloads).
+pub struct Lcg(pub u64);
+
+impl Lcg {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        self.0 >> 33
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
