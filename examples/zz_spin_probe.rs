@@ -13,7 +13,7 @@ fn main() {
         };
         rankweave::local_with(cfg, 2, |comm| async move {
             let other = 1 - comm.rank();
-            for block in 0..20 {
+            for block in 0..60 {
                 let t = Instant::now();
                 for _ in 0..1000 {
                     if comm.rank() == 0 {

@@ -244,6 +244,8 @@ async fn timeout_racing_loses_nothing_eager() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "bug: same as dropped_mid_rendezvous_keeps_order (a receive dropped mid-rendezvous \
+            lets the next receive overtake its message)"]
 async fn timeout_racing_loses_nothing_with_rendezvous() {
     within(racing(
         600,
@@ -302,6 +304,41 @@ async fn dropped_send_progresses_while_rank_waits() {
             tokio::time::sleep(Duration::from_millis(50)).await;
             assert_pattern(comm.recv(0, 1).await.unwrap().data(), 21, len);
             comm.send(0, 2, "ack").await.unwrap();
+        })
+        .await
+        .unwrap();
+    })
+    .await
+}
+
+/// A receive future that was polled once (so it started busy-polling) and is then kept but not
+/// polled again must not stop the rank from being woken for other operations.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "bug: a future polled while busy-polling (spin-then-park) and then left unpolled \
+            keeps the rank's mailbox in busy-poll mode forever, so arrivals never wake the \
+            progress task or parked futures (lost wake-ups / hangs)"]
+async fn pending_future_left_unpolled_does_not_block_wakeups() {
+    within(async {
+        rankweave::local(2, |comm| async move {
+            if comm.rank() == 0 {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                comm.send(1, 2, "wake up").await.unwrap();
+                comm.send(1, 1, "late").await.unwrap();
+                return;
+            }
+            let mut idle = comm.recv(0, 1);
+            assert!(poll_once(&mut idle).await.is_none());
+            // (A timeout's expiry re-polls the receive, which then finds the message; so
+            // measure how long the wake-up took instead of relying on the timeout.)
+            let started = std::time::Instant::now();
+            let r = tokio::time::timeout(Duration::from_secs(3), comm.recv(0, 2)).await;
+            let took = started.elapsed();
+            assert_eq!(&r.unwrap().unwrap().data()[..], b"wake up");
+            assert!(
+                took < Duration::from_secs(1),
+                "the parked receive was not woken when its message arrived (took {took:?})"
+            );
+            assert_eq!(&idle.await.unwrap().data()[..], b"late");
         })
         .await
         .unwrap();

@@ -324,7 +324,7 @@ impl Communicator {
         tag: impl Into<Tag>,
     ) -> Result<Option<Status>, Error> {
         let sel = self.selector(self.inner.context, source.into(), tag.into())?;
-        let found = self.inner.driver.with(|st| st.endpoint.probe(&sel));
+        let found = self.inner.driver.with_pumped(|st| st.endpoint.probe(&sel));
         Ok(found.map(|(src, tag, len)| self.status(src, tag, len)))
     }
 

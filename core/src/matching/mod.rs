@@ -68,7 +68,7 @@ impl MatchKey {
 
 /// What a receive or probe accepts: one context, and a source and tag that are either exact or
 /// wildcards (`None`, MPI's `MPI_ANY_SOURCE` / `MPI_ANY_TAG`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Selector {
     /// The only context this selector accepts; contexts never cross.
     pub context: ContextId,
@@ -76,6 +76,18 @@ pub struct Selector {
     pub source: Option<u32>,
     /// The accepted tag, or `None` for any tag.
     pub tag: Option<u32>,
+}
+
+/// Selectors key the index maps on every message's path, so they hash as two words instead of
+/// five. Equal selectors hash equally; the rare `Some(u32::MAX)` / `None` collision only costs a
+/// comparison.
+impl std::hash::Hash for Selector {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        let source = u64::from(self.source.unwrap_or(u32::MAX));
+        let tag = u64::from(self.tag.unwrap_or(u32::MAX));
+        state.write_u64(self.context.0);
+        state.write_u64((source << 32) | tag);
+    }
 }
 
 impl Selector {
@@ -166,6 +178,9 @@ pub struct Matcher<R, M> {
     posted: SlabLists<Selector, Posted<R>, 1>,
     /// Each message is in four lists: lane `i` keyed by `key.selectors()[i]`, in arrival order.
     unexpected: SlabLists<Selector, Unexpected<M>, LANES>,
+    /// Queued receives per selector shape, so an arrival only looks up shapes in use (usually
+    /// just exact receives: one lookup instead of four).
+    posted_shapes: [usize; LANES],
     next_post: u64,
     next_arrival: u64,
 }
@@ -191,6 +206,7 @@ impl<R, M> Matcher<R, M> {
         Matcher {
             posted: SlabLists::new(),
             unexpected: SlabLists::new(),
+            posted_shapes: [0; LANES],
             next_post: 0,
             next_arrival: 0,
         }
@@ -199,13 +215,18 @@ impl<R, M> Matcher<R, M> {
     /// Posts a receive: it takes the earliest-arrived unexpected message `sel` matches
     /// (removing it), or else is queued.
     pub fn post(&mut self, sel: Selector, recv: R) -> PostOutcome<R, M> {
-        if let Some(slot) = self.unexpected.front(sel.lane(), &sel) {
+        let found = match self.unexpected.len() {
+            0 => None,
+            _ => self.unexpected.front(sel.lane(), &sel),
+        };
+        if let Some(slot) = found {
             let unexpected = self.unexpected.remove(slot);
             return PostOutcome::Matched { recv, unexpected };
         }
         let seq = self.next_post;
         self.next_post += 1;
         let slot = self.posted.push_back([sel], Posted { seq, sel, recv });
+        self.posted_shapes[sel.lane()] += 1;
         PostOutcome::Queued(PostedKey { slot, seq })
     }
 
@@ -254,7 +275,7 @@ impl<R, M> Matcher<R, M> {
     pub fn cancel(&mut self, key: PostedKey) -> Option<R> {
         // The posting number guards against the slot having been reused by a newer receive.
         let posted = self.posted.get(key.slot)?;
-        (posted.seq == key.seq).then(|| self.posted.remove(key.slot).recv)
+        (posted.seq == key.seq).then(|| self.remove_posted(key.slot))
     }
 
     /// The earliest-arrived unexpected message `sel` matches, left in the queue.
@@ -278,7 +299,7 @@ impl<R, M> Matcher<R, M> {
         doomed.sort_unstable();
         doomed
             .into_iter()
-            .map(|(_, slot)| self.posted.remove(slot).recv)
+            .map(|(_, slot)| self.remove_posted(slot))
             .collect()
     }
 
@@ -295,15 +316,26 @@ impl<R, M> Matcher<R, M> {
     /// Removes and returns the earliest-posted queued receive matching `key`: the earliest of
     /// the fronts of the four lists whose selectors match it.
     fn take_earliest_posted(&mut self, key: &MatchKey) -> Option<R> {
+        if self.posted.len() == 0 {
+            return None;
+        }
         let (_, slot) = key
             .selectors()
             .iter()
-            .filter_map(|sel| {
+            .enumerate()
+            .filter(|&(lane, _)| self.posted_shapes[lane] > 0)
+            .filter_map(|(_, sel)| {
                 let slot = self.posted.front(0, sel)?;
                 Some((self.posted.get(slot)?.seq, slot))
             })
             .min()?;
-        Some(self.posted.remove(slot).recv)
+        Some(self.remove_posted(slot))
+    }
+
+    fn remove_posted(&mut self, slot: usize) -> R {
+        let posted = self.posted.remove(slot);
+        self.posted_shapes[posted.sel.lane()] -= 1;
+        posted.recv
     }
 
     /// Number of non-empty index lists (posted, unexpected): zero when both queues are empty
@@ -311,6 +343,12 @@ impl<R, M> Matcher<R, M> {
     #[cfg(test)]
     pub(crate) fn index_lists(&self) -> (usize, usize) {
         (self.posted.list_count(), self.unexpected.list_count())
+    }
+
+    /// The most list heads (empty ones included) any index holds.
+    #[cfg(test)]
+    pub(crate) fn max_heads(&self) -> usize {
+        self.posted.max_heads().max(self.unexpected.max_heads())
     }
 
     /// Checks the indexes' internal consistency and the matching invariant: lists ordered by

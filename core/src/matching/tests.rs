@@ -54,7 +54,12 @@ fn delivered<R, T>(outcome: ArriveOutcome<R, T>) -> Option<(R, T)> {
 /// Asserts that nothing is queued and no index list head is left behind.
 fn assert_empty<R, T>(m: &Matcher<R, T>) {
     assert_eq!((m.posted_len(), m.unexpected_len()), (0, 0));
-    assert_eq!(m.index_lists(), (0, 0), "empty lists must drop their heads");
+    assert_eq!(m.index_lists(), (0, 0), "no list may be left non-empty");
+    assert!(
+        m.max_heads() <= super::list::SPARE_HEADS,
+        "empty heads must be swept: {} held",
+        m.max_heads()
+    );
 }
 
 #[test]

@@ -28,7 +28,6 @@ mod tests;
 use std::collections::VecDeque;
 
 use bytes::Bytes;
-use rustc_hash::FxHashMap;
 
 use crate::error::Error;
 use crate::frame::{Envelope, Frame, Header};
@@ -207,7 +206,9 @@ pub struct Endpoint {
     matcher: Matcher<RecvId, Incoming>,
     recvs: OpTable<RecvOp>,
     sends: OpTable<SendOp>,
-    peers: FxHashMap<u32, Peer>,
+    /// Indexed by world rank; boxed and created on first contact, so an idle pair costs one
+    /// pointer.
+    peers: Vec<Option<Box<Peer>>>,
     transmit: VecDeque<(u32, Frame)>,
     loopback: VecDeque<Frame>,
     events: VecDeque<Event>,
@@ -225,7 +226,7 @@ impl Endpoint {
             matcher: Matcher::new(),
             recvs: OpTable::default(),
             sends: OpTable::default(),
-            peers: FxHashMap::default(),
+            peers: Vec::new(),
             transmit: VecDeque::new(),
             loopback: VecDeque::new(),
             events: VecDeque::new(),
@@ -249,18 +250,24 @@ impl Endpoint {
     }
 
     fn peer(&mut self, rank: u32) -> &mut Peer {
+        let i = rank as usize;
+        if i >= self.peers.len() {
+            self.peers.resize_with(i + 1, || None);
+        }
         let credit = self.credit_per_peer;
-        self.peers.entry(rank).or_insert_with(|| Peer {
-            next_send_seq: 0,
-            next_recv_seq: 0,
-            credit,
-            owed: 0,
-            lost: false,
+        self.peers[i].get_or_insert_with(|| {
+            Box::new(Peer {
+                next_send_seq: 0,
+                next_recv_seq: 0,
+                credit,
+                owed: 0,
+                lost: false,
+            })
         })
     }
 
     fn is_lost(&self, rank: u32) -> bool {
-        self.peers.get(&rank).is_some_and(|p| p.lost)
+        matches!(self.peers.get(rank as usize), Some(Some(p)) if p.lost)
     }
 
     /// Starts sending `data` to world rank `to` on `context` with `tag`.

@@ -106,13 +106,41 @@ impl Driver {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Runs `f` on the locked state after pumping, then wakes whatever finished.
+    /// Runs `f` on the locked state, sends what it produced, then wakes whatever finished.
+    ///
+    /// Posting an operation does not look at the transport: arrivals are taken in when someone
+    /// waits (or probes, or the progress task runs). Matching results do not depend on it —
+    /// arrivals keep their order and a receive posted earlier still matches first — and the
+    /// receiving rank touches the cache lines its senders write once per batch instead of once
+    /// per operation.
     pub(crate) fn with<R>(&self, f: impl FnOnce(&mut DriverState) -> R) -> R {
+        self.run(|_, st, _| f(st))
+    }
+
+    /// Like [`with`](Self::with), but takes in everything that arrived first.
+    pub(crate) fn with_pumped<R>(&self, f: impl FnOnce(&mut DriverState) -> R) -> R {
+        self.run(|d, st, wake| {
+            d.pump(st, wake);
+            f(st)
+        })
+    }
+
+    /// Runs `check`; only if it has no answer yet, takes in arrivals and runs it again.
+    fn check_or_pump<R>(&self, mut check: impl FnMut(&mut DriverState) -> Option<R>) -> Option<R> {
+        self.run(|d, st, wake| {
+            check(st).or_else(|| {
+                d.pump(st, wake);
+                check(st)
+            })
+        })
+    }
+
+    /// Locks, runs `f`, sends what it produced, unlocks, then wakes whatever finished.
+    fn run<R>(&self, f: impl FnOnce(&Self, &mut DriverState, &mut Vec<Waker>) -> R) -> R {
         let mut wake = Vec::new();
         let r = {
             let mut st = self.lock();
-            self.pump(&mut st, &mut wake);
-            let r = f(&mut st);
+            let r = f(self, &mut st, &mut wake);
             self.flush(&mut st, &mut wake);
             r
         };
@@ -149,6 +177,10 @@ impl Driver {
             }
         }
         while let Some(ev) = st.endpoint.poll_event() {
+            if st.wakers.is_empty() && st.probe_wakers.is_empty() {
+                // Nobody is parked (the busy-polling case): events need no translation.
+                continue;
+            }
             let w = match ev {
                 Event::RecvDone(id) => st.wakers.remove(&Waiting::Recv(id)),
                 Event::SendDone(id) => st.wakers.remove(&Waiting::Send(id)),
@@ -163,7 +195,7 @@ impl Driver {
 
     /// Pumps once; used by the progress task.
     pub(crate) fn progress(&self) {
-        self.with(|_| ());
+        self.with_pumped(|_| ());
     }
 
     /// Polls an operation with the rank's progress policy: `check` looks at the locked state and
@@ -175,7 +207,7 @@ impl Driver {
         mut check: impl FnMut(&mut DriverState) -> Option<T>,
         park: impl FnOnce(&mut DriverState, &Waker),
     ) -> Poll<T> {
-        if let Some(r) = self.with(&mut check) {
+        if let Some(r) = self.check_or_pump(&mut check) {
             wait.stop(&*self.transport);
             return Poll::Ready(r);
         }
@@ -186,7 +218,7 @@ impl Driver {
             return Poll::Pending;
         }
         // Park: register, then check once more so a completion between the two is not missed.
-        self.with(|st| match check(st) {
+        self.with_pumped(|st| match check(st) {
             Some(r) => Poll::Ready(r),
             None => {
                 park(st, cx.waker());
