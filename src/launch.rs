@@ -37,13 +37,25 @@ where
         }
     }
     let comms = inproc::world(n, &config)?;
-    let tasks: Vec<_> = comms.into_iter().map(|c| tokio::spawn(f(c))).collect();
-    let mut results = Vec::with_capacity(n);
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut rank_of = std::collections::HashMap::new();
+    for (rank, comm) in comms.into_iter().enumerate() {
+        let handle = tasks.spawn(f(comm));
+        rank_of.insert(handle.id(), rank);
+    }
+    let mut results: Vec<Option<T>> = (0..n).map(|_| None).collect();
     let mut failure = None;
-    for (rank, task) in tasks.into_iter().enumerate() {
-        match task.await {
-            Ok(v) => results.push(v),
+    // In completion order, so the rank reported is the first to fail, not the lowest-numbered
+    // (whose failure may only be a consequence).
+    while let Some(joined) = tasks.join_next_with_id().await {
+        match joined {
+            Ok((id, v)) => {
+                if let Some(&rank) = rank_of.get(&id) {
+                    results[rank] = Some(v);
+                }
+            }
             Err(e) => {
+                let rank = rank_of.get(&e.id()).copied().unwrap_or(usize::MAX);
                 let message = if e.is_panic() {
                     let p = e.into_panic();
                     p.downcast_ref::<&str>()
@@ -59,7 +71,7 @@ where
     }
     match failure {
         Some(e) => Err(e),
-        None => Ok(results),
+        None => Ok(results.into_iter().flatten().collect()),
     }
 }
 

@@ -143,9 +143,6 @@ async fn dropped_match_goes_to_waiting_receive() {
 /// Deterministic: all ranks are driven from one task of a current-thread runtime, so no
 /// progress task runs (and no data moves) between the calls.
 #[tokio::test(flavor = "current_thread")]
-#[ignore = "bug: a receive dropped while its rendezvous data is arriving is not replaced in \
-            line until the data completes; a receive posted meanwhile takes the NEXT message \
-            (m2 before m1)"]
 async fn dropped_mid_rendezvous_keeps_order() {
     within(async {
         let config = Config::default();
@@ -244,8 +241,6 @@ async fn timeout_racing_loses_nothing_eager() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug: same as dropped_mid_rendezvous_keeps_order (a receive dropped mid-rendezvous \
-            lets the next receive overtake its message)"]
 async fn timeout_racing_loses_nothing_with_rendezvous() {
     within(racing(
         600,
@@ -314,9 +309,6 @@ async fn dropped_send_progresses_while_rank_waits() {
 /// A receive future that was polled once (so it started busy-polling) and is then kept but not
 /// polled again must not stop the rank from being woken for other operations.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug: a future polled while busy-polling (spin-then-park) and then left unpolled \
-            keeps the rank's mailbox in busy-poll mode forever, so arrivals never wake the \
-            progress task or parked futures (lost wake-ups / hangs)"]
 async fn pending_future_left_unpolled_does_not_block_wakeups() {
     within(async {
         rankweave::local(2, |comm| async move {

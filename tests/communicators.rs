@@ -185,10 +185,7 @@ async fn split_with_undefined_color() {
     within(async {
         let out = rankweave::local(4, |world| async move {
             let w = world.rank();
-            let sub = world
-                .split((w != 3).then_some(0), 0)
-                .await
-                .unwrap();
+            let sub = world.split((w != 3).then_some(0), 0).await.unwrap();
             let none = world.split(None, 0).await.unwrap();
             assert!(none.is_none());
             match sub {

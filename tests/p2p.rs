@@ -37,7 +37,7 @@ async fn per_source_order_with_wildcards() {
                 }
                 return vec![];
             }
-            let mut remaining = vec![PER_SENDER as usize; SENDERS + 1];
+            let mut remaining = [PER_SENDER as usize; SENDERS + 1];
             remaining[0] = 0;
             let mut next = vec![0u32; SENDERS + 1];
             let mut total = SENDERS * PER_SENDER as usize;
@@ -45,7 +45,7 @@ async fn per_source_order_with_wildcards() {
             let (mut specific_recvs, mut any_recvs) = (0, 0);
             while total > 0 {
                 let want = (1 + rng.below(24) as usize).min(total);
-                let mut spec = vec![0usize; SENDERS + 1];
+                let mut spec = [0usize; SENDERS + 1];
                 let mut any = 0usize;
                 let mut sels = Vec::new();
                 for _ in 0..want {
@@ -372,9 +372,6 @@ async fn invalid_rank_and_tag_are_errors() {
 /// `sendrecv` to an invalid destination fails at once: it must neither wait for the receive
 /// half nor consume (and then discard) a matching message.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug: sendrecv with an invalid destination posts its receive anyway and only reports \
-            InvalidRank after that receive completed (hangs if no message comes, loses the \
-            message otherwise)"]
 async fn sendrecv_to_invalid_rank_fails_at_once() {
     within(async {
         rankweave::local(2, |comm| async move {
@@ -433,12 +430,15 @@ async fn sendrecv_ring_shift() {
     .await
 }
 
+/// (rank, what it did, how that ended)
+type Outcome = (usize, String, Result<(), Error>);
+
 /// A rank that panics makes its peers' receives from it fail with `PeerFailed` (whether they
 /// were posted before or after the failure), and `local` reports `RankPanicked` for it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn panicking_rank_fails_peers_instead_of_hanging() {
     within(async {
-        let seen: Arc<Mutex<Vec<(usize, String, Result<(), Error>)>>> = Arc::default();
+        let seen: Arc<Mutex<Vec<Outcome>>> = Arc::default();
         let record = Arc::clone(&seen);
         let result = rankweave::local(3, move |comm| {
             let record = Arc::clone(&record);
@@ -498,9 +498,6 @@ async fn panicking_rank_fails_peers_instead_of_hanging() {
 /// When one rank panics and another then panics because of it (an `unwrap` of `PeerFailed`),
 /// `local` names the rank that panicked first, as documented, not the lowest-numbered one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug: local() reports the lowest-numbered panicked rank (it joins tasks in rank \
-            order), not the first one to panic as its documentation says; the root cause is \
-            hidden behind a secondary PeerFailed panic"]
 async fn local_reports_the_first_rank_to_panic() {
     within(async {
         let result = rankweave::local(2, |comm| async move {
@@ -515,6 +512,45 @@ async fn local_reports_the_first_rank_to_panic() {
             Err(Error::RankPanicked {
                 rank: 1,
                 message: "root cause".into()
+            })
+        );
+    })
+    .await
+}
+
+/// A rank that panics while one of its rendezvous sends is still waiting for the receiver is
+/// still reported as failed: a peer's receive from it fails instead of hanging.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn panic_with_pending_rendezvous_send_still_fails_peers() {
+    within(async {
+        let seen: Arc<Mutex<Option<Result<(), Error>>>> = Arc::default();
+        let record = Arc::clone(&seen);
+        let result = rankweave::local(2, move |comm| {
+            let record = Arc::clone(&record);
+            async move {
+                if comm.rank() == 0 {
+                    let _pending = comm.send(1, 1, vec![0u8; 1 << 20]);
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    panic!("rank 0 fails with a send pending");
+                }
+                let r = tokio::time::timeout(Duration::from_secs(5), comm.recv(0, 2)).await;
+                *record.lock().unwrap() = Some(
+                    r.unwrap_or(Err(Error::Timeout(Duration::from_secs(5))))
+                        .map(drop),
+                );
+            }
+        })
+        .await;
+        assert_eq!(
+            *seen.lock().unwrap(),
+            Some(Err(Error::PeerFailed { rank: 0 })),
+            "receive from a panicked rank"
+        );
+        assert_eq!(
+            result,
+            Err(Error::RankPanicked {
+                rank: 0,
+                message: "rank 0 fails with a send pending".into()
             })
         );
     })

@@ -301,12 +301,20 @@ impl Communicator {
         source: impl Into<Source>,
         recv_tag: impl Into<Tag>,
     ) -> impl Future<Output = Result<Message, Error>> + Send + 'static {
-        let recv = self.recv(source, recv_tag);
-        let send = self.send(dst, send_tag, payload);
+        // Check the send's arguments first, so a bad destination never leaves a receive posted
+        // that could swallow a message.
+        let ops = self
+            .check_rank(dst)
+            .and_then(|_| Self::check_tag(send_tag))
+            .map(|_| {
+                let recv = self.recv(source, recv_tag);
+                (recv, self.send(dst, send_tag, payload))
+            });
         async move {
-            let (s, r) = tokio::join!(send, recv);
-            s?;
-            r
+            let (recv, send) = ops?;
+            // Both are under way; a failed send drops (withdraws) the receive.
+            send.await?;
+            recv.await
         }
     }
 

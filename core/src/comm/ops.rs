@@ -83,14 +83,10 @@ impl Future for SendOp {
 impl Drop for SendOp {
     fn drop(&mut self) {
         if let SendState::Pending {
-            comm,
-            id,
-            wait,
-            finished,
+            comm, id, finished, ..
         } = &mut self.state
         {
             let driver = &comm.inner.driver;
-            driver.release(wait);
             if !*finished {
                 let id = *id;
                 driver.with(|st| {
@@ -181,9 +177,8 @@ impl Future for RecvOp {
 
 impl Drop for RecvOp {
     fn drop(&mut self) {
-        if let RecvState::Pending { id, wait, finished } = &mut self.state {
+        if let RecvState::Pending { id, finished, .. } = &mut self.state {
             let driver = &self.comm.inner.driver;
-            driver.release(wait);
             if !*finished {
                 let id = *id;
                 driver.with(|st| {
@@ -262,11 +257,5 @@ impl Future for ProbeOp {
                 |st, w| st.park_probe(w),
             )
             .map(|(src, tag, len)| Ok(comm.status(src, tag, len)))
-    }
-}
-
-impl Drop for ProbeOp {
-    fn drop(&mut self) {
-        self.comm.inner.driver.release(&mut self.wait);
     }
 }

@@ -10,7 +10,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use rustc_hash::FxHashMap;
 
@@ -67,6 +67,9 @@ pub(crate) struct Driver {
     pub(crate) config: Config,
     pub(crate) rank: u32,
     shutdown: AtomicBool,
+    /// The rank died (its last communicator was dropped while panicking): stop at once, even
+    /// with sends pending, so peers learn of the loss.
+    aborted: AtomicBool,
     progress_waker: Mutex<Option<Waker>>,
 }
 
@@ -95,6 +98,7 @@ impl Driver {
             rank,
 
             shutdown: AtomicBool::new(false),
+            aborted: AtomicBool::new(false),
             progress_waker: Mutex::new(None),
         }
     }
@@ -200,6 +204,11 @@ impl Driver {
 
     /// Polls an operation with the rank's progress policy: `check` looks at the locked state and
     /// returns the result once the operation is done; `park` registers the waker otherwise.
+    ///
+    /// While spinning, each poll busy-polls for a short burst registered with the transport as
+    /// a busy poller (so arrivals do not wake the progress task), then yields to the scheduler.
+    /// The registration never outlives the poll: a future that is polled once and then kept
+    /// without being polled (say under `timeout(d, &mut op)`) cannot leave it behind.
     pub(crate) fn poll_op<T>(
         &self,
         cx: &mut Context<'_>,
@@ -208,12 +217,24 @@ impl Driver {
         park: impl FnOnce(&mut DriverState, &Waker),
     ) -> Poll<T> {
         if let Some(r) = self.check_or_pump(&mut check) {
-            wait.stop(&*self.transport);
             return Poll::Ready(r);
         }
-        if wait.keep_spinning(&self.config, &*self.transport) {
-            // Yield to the scheduler and come straight back: other tasks on this worker run in
-            // between, and no wake-up (syscall) is needed to resume.
+        if wait.should_spin(&self.config) {
+            let _busy = BusyPoll::new(&*self.transport);
+            let burst = Instant::now();
+            let mut polls = 0u32;
+            loop {
+                std::hint::spin_loop();
+                if let Some(r) = self.check_or_pump(&mut check) {
+                    return Poll::Ready(r);
+                }
+                polls += 1;
+                if polls % 8 == 0 && burst.elapsed() >= SPIN_BURST {
+                    break;
+                }
+            }
+            // Yield and come straight back: other tasks on this worker run in between, and no
+            // wake-up (syscall) is needed to resume.
             cx.waker().wake_by_ref();
             return Poll::Pending;
         }
@@ -233,8 +254,10 @@ impl Driver {
     }
 
     /// The last communicator of this rank is gone: let the progress task finish pending sends
-    /// and then close the transport.
-    pub(crate) fn begin_shutdown(&self) {
+    /// and then close the transport. With `abort`, close at once (the rank panicked: its pending
+    /// sends die with it, and peers must hear of the loss rather than wait for them).
+    pub(crate) fn begin_shutdown(&self, abort: bool) {
+        self.aborted.fetch_or(abort, Ordering::SeqCst);
         self.shutdown.store(true, Ordering::SeqCst);
         let waker = self
             .progress_waker
@@ -269,7 +292,9 @@ impl Driver {
             self.progress();
             // Sends whose futures were dropped still complete (their peers answer through the
             // transport, which wakes us); only then does the rank go away.
-            if draining && !self.lock().endpoint.has_pending_sends() {
+            if self.aborted.load(Ordering::SeqCst)
+                || (draining && !self.lock().endpoint.has_pending_sends())
+            {
                 break;
             }
         }
@@ -284,49 +309,45 @@ impl Driver {
     }
 }
 
-/// The waiting state of one future: whether it is busy-polling and since when.
+/// How long one poll busy-polls before yielding to the scheduler: long enough to catch a reply
+/// that is on its way (an in-process round trip is well under a microsecond), short enough that
+/// ranks sharing a worker thread take turns quickly.
+const SPIN_BURST: Duration = Duration::from_micros(1);
+
+/// The waiting state of one future: since when it has been spinning.
 #[derive(Debug, Default)]
 pub(crate) struct Wait {
-    busy: bool,
     since: Option<Instant>,
-    polls: u32,
 }
 
 impl Wait {
-    /// Whether to keep busy-polling (and registers as a busy poller with the transport if so).
-    fn keep_spinning(&mut self, config: &Config, transport: &dyn Transport) -> bool {
-        let spin = match config.progress {
+    /// Whether the policy lets this future keep busy-polling.
+    fn should_spin(&mut self, config: &Config) -> bool {
+        match config.progress {
             ProgressPolicy::Park => false,
             ProgressPolicy::Spin => true,
             ProgressPolicy::SpinThenPark => {
-                // Reading the clock costs ~25 ns; look at it every 16 polls.
-                self.polls = self.polls.wrapping_add(1);
-                let since = *self.since.get_or_insert_with(Instant::now);
-                self.polls % 16 != 0 || since.elapsed() < config.spin
+                self.since.get_or_insert_with(Instant::now).elapsed() < config.spin
             }
-        };
-        if spin && !self.busy {
-            self.busy = true;
-            transport.begin_busy_poll();
-        } else if !spin {
-            self.stop(transport);
-        }
-        spin
-    }
-
-    /// Stops busy-polling (the transport then wakes the progress task for new arrivals).
-    pub(crate) fn stop(&mut self, transport: &dyn Transport) {
-        if self.busy {
-            self.busy = false;
-            transport.end_busy_poll();
         }
     }
 }
 
-impl Driver {
-    /// Ends a future's busy-polling when it is dropped mid-spin.
-    pub(crate) fn release(&self, wait: &mut Wait) {
-        wait.stop(&*self.transport);
+/// A busy-poll registration with the transport, ended when dropped (also on unwinding).
+struct BusyPoll<'a> {
+    transport: &'a dyn Transport,
+}
+
+impl<'a> BusyPoll<'a> {
+    fn new(transport: &'a dyn Transport) -> Self {
+        transport.begin_busy_poll();
+        BusyPoll { transport }
+    }
+}
+
+impl Drop for BusyPoll<'_> {
+    fn drop(&mut self) {
+        self.transport.end_busy_poll();
     }
 }
 
@@ -337,6 +358,6 @@ pub(crate) struct RankLife {
 
 impl Drop for RankLife {
     fn drop(&mut self) {
-        self.driver.begin_shutdown();
+        self.driver.begin_shutdown(std::thread::panicking());
     }
 }

@@ -1,0 +1,176 @@
+//! Barrier and broadcast over in-process ranks, checked against what they must do.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use rankweave_collectives::Collectives;
+use rankweave_core::{Communicator, Config, Error};
+use rankweave_transports::inproc;
+
+/// Runs `f` on every rank of an `n`-rank in-process job and returns the results in rank order.
+async fn job<T, F, Fut>(n: usize, f: F) -> Vec<T>
+where
+    F: Fn(Communicator) -> Fut,
+    Fut: Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    let comms = inproc::world(n, &Config::default()).expect("world");
+    let tasks: Vec<_> = comms.into_iter().map(|c| tokio::spawn(f(c))).collect();
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(
+            tokio::time::timeout(Duration::from_secs(60), t)
+                .await
+                .expect("rank timed out")
+                .expect("rank panicked"),
+        );
+    }
+    out
+}
+
+fn pattern(len: usize, seed: u8) -> Bytes {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect::<Vec<u8>>()
+        .into()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn barrier_holds_every_rank_until_all_arrive() {
+    for n in [1, 2, 3, 5, 8, 13, 17] {
+        let arrived = Arc::new(AtomicUsize::new(0));
+        let seen = job(n, move |comm| {
+            let arrived = Arc::clone(&arrived);
+            async move {
+                // Ranks arrive at different times; nobody may leave before the last arrives.
+                tokio::time::sleep(Duration::from_millis(comm.rank() as u64 % 3)).await;
+                arrived.fetch_add(1, Ordering::SeqCst);
+                comm.barrier().await?;
+                Ok::<_, Error>(arrived.load(Ordering::SeqCst))
+            }
+        })
+        .await;
+        for (rank, s) in seen.into_iter().enumerate() {
+            assert_eq!(s.unwrap(), n, "rank {rank} of {n} left the barrier early");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broadcast_from_every_root_and_size() {
+    for n in [1, 2, 3, 4, 7, 8, 17] {
+        for root in 0..n {
+            for len in [0usize, 1, 1000, 200_000] {
+                let expected = pattern(len, root as u8);
+                let want = expected.clone();
+                let got = job(n, move |comm| {
+                    let data = if comm.rank() == root {
+                        want.clone()
+                    } else {
+                        Bytes::new()
+                    };
+                    async move { comm.broadcast(root, data).await }
+                })
+                .await;
+                for (rank, g) in got.into_iter().enumerate() {
+                    assert_eq!(
+                        g.unwrap(),
+                        expected,
+                        "n={n} root={root} len={len} rank={rank}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn collectives_in_flight_on_two_communicators_do_not_mix() {
+    let got = job(6, |comm| async move {
+        let twin = comm.dup().await?;
+        // Start both broadcasts before awaiting either: they run concurrently, told apart by
+        // their communicators' contexts; the barriers interleave too.
+        let a = comm.broadcast(0, pattern(5000, 1));
+        let b = twin.broadcast(5, pattern(300, 2));
+        let (x, y) = tokio::join!(comm.barrier(), twin.barrier());
+        x?;
+        y?;
+        Ok::<_, Error>((a.await?, b.await?))
+    })
+    .await;
+    for g in got {
+        let (a, b) = g.unwrap();
+        assert_eq!(a, pattern(5000, 1));
+        assert_eq!(b, pattern(300, 2));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn collectives_ignore_user_point_to_point_traffic() {
+    let got = job(4, |comm| async move {
+        // User messages with every tag in flight: a wildcard user receive must not see
+        // collective traffic, and collectives must not consume user messages.
+        let next = (comm.rank() + 1) % comm.size();
+        let user = comm.send(next, 0, vec![comm.rank() as u8]);
+        let data = comm.broadcast(2, pattern(64, 9)).await?;
+        comm.barrier().await?;
+        let msg = comm
+            .recv(rankweave_core::Source::Any, rankweave_core::Tag::Any)
+            .await?;
+        user.await?;
+        Ok::<_, Error>((data, msg.source(), msg.data().clone()))
+    })
+    .await;
+    for (rank, g) in got.into_iter().enumerate() {
+        let (data, source, payload) = g.unwrap();
+        let prev = (rank + 3) % 4;
+        assert_eq!(data, pattern(64, 9));
+        assert_eq!(source, prev);
+        assert_eq!(&payload[..], &[prev as u8]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broadcast_rejects_an_invalid_root() {
+    let got = job(
+        3,
+        |comm| async move { comm.broadcast(3, Bytes::new()).await },
+    )
+    .await;
+    for g in got {
+        assert_eq!(g, Err(Error::InvalidRank { rank: 3, size: 3 }));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn split_communicators_run_their_own_collectives() {
+    let got = job(7, |comm| async move {
+        let half = comm
+            .split(Some((comm.rank() % 2) as u32), 0)
+            .await?
+            .expect("every rank has a color");
+        let root_data = pattern(100, half.size() as u8);
+        let data = half
+            .broadcast(
+                0,
+                if half.rank() == 0 {
+                    root_data
+                } else {
+                    Bytes::new()
+                },
+            )
+            .await?;
+        half.barrier().await?;
+        Ok::<_, Error>((half.size(), data))
+    })
+    .await;
+    for (rank, g) in got.into_iter().enumerate() {
+        let (size, data) = g.unwrap();
+        let expected_size = if rank % 2 == 0 { 4 } else { 3 };
+        assert_eq!(size, expected_size);
+        assert_eq!(data, pattern(100, expected_size as u8));
+    }
+}
