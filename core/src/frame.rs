@@ -34,6 +34,10 @@ pub enum Header {
         envelope: Envelope,
         /// The sender's handle for this message, echoed back in the CTS.
         send_id: u64,
+        /// The data travels with this frame (transports that hand payloads over by reference,
+        /// where attaching it costs nothing): the receiver takes it on match and its CTS only
+        /// tells the sender the message was received.
+        attached: bool,
     },
     /// Clear to send: the receiver matched an RTS and is ready for the data.
     Cts {

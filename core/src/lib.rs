@@ -18,6 +18,7 @@ pub mod matching;
 pub mod protocol;
 pub(crate) mod runtime;
 pub mod stats;
+mod sync;
 pub mod transport;
 pub mod types;
 

@@ -22,6 +22,10 @@ pub struct Capabilities {
     pub multicast: bool,
     /// The transport can read or write remote memory directly.
     pub rdma: bool,
+    /// Payloads are handed over by reference, not copied (in-process): a rendezvous request
+    /// can carry the data at no cost, saving the CTS → data round trip while the sender still
+    /// waits for the receiver to match.
+    pub by_reference: bool,
 }
 
 /// Something a transport received for its rank.

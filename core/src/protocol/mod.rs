@@ -104,6 +104,10 @@ pub struct EndpointConfig {
     pub unexpected_limit: usize,
     /// Largest payload of one frame.
     pub max_payload: usize,
+    /// Attach a rendezvous message's data to its RTS (see [`Capabilities::by_reference`]).
+    ///
+    /// [`Capabilities::by_reference`]: crate::transport::Capabilities::by_reference
+    pub rts_with_data: bool,
 }
 
 /// A message the matcher holds until a receive takes it.
@@ -111,8 +115,13 @@ pub struct EndpointConfig {
 enum Incoming {
     /// The data is here. `cost` is the eager credit to give back once the application takes it.
     Data { data: Bytes, cost: u64 },
-    /// Only the envelope is here; the data waits at the sender under `send_id`.
-    Rts { send_id: u64, len: usize },
+    /// Only the envelope is here; the data waits at the sender under `send_id` — or came
+    /// along (`attached`), held by reference; the sender still waits for the match.
+    Rts {
+        send_id: u64,
+        len: usize,
+        attached: Option<Bytes>,
+    },
     /// The data is arriving for receive `recv`, whose future was dropped after it matched: this
     /// entry keeps the message's place in line, and the receive that takes it adopts the
     /// transfer.
@@ -177,6 +186,8 @@ enum SendState {
 struct SendOp {
     to: u32,
     data: Bytes,
+    /// The data went with the RTS: the CTS completes the send, no data frames follow.
+    attached: bool,
     state: SendState,
     /// The application dropped the send's future: discard the result when it finishes.
     forgotten: bool,
@@ -311,13 +322,25 @@ impl Endpoint {
             return Ok(SendStart::Complete);
         }
         self.stats.rendezvous_messages_sent += 1;
+        // Attach the data to the request when that is free and it fits one frame.
+        let attached = self.cfg.rts_with_data && data.len() <= self.cfg.max_payload;
         let send_id = self.sends.insert(SendOp {
             to,
+            attached,
             data,
             state: SendState::AwaitingCts,
             forgotten: false,
         });
-        self.queue(to, Frame::control(Header::Rts { envelope, send_id }));
+        let payload = match self.sends.get(send_id) {
+            Some(op) if attached => op.data.clone(),
+            _ => Bytes::new(),
+        };
+        let header = Header::Rts {
+            envelope,
+            send_id,
+            attached,
+        };
+        self.queue(to, Frame { header, payload });
         self.run_loopback();
         Ok(SendStart::Pending(SendId(send_id)))
     }
@@ -558,7 +581,11 @@ impl Endpoint {
                     },
                 );
             }
-            Header::Rts { envelope, send_id } => {
+            Header::Rts {
+                envelope,
+                send_id,
+                attached,
+            } => {
                 let len = match usize::try_from(envelope.len) {
                     Ok(len) if len <= isize::MAX as usize => len,
                     _ => return self.protocol_error(from, "impossible message length"),
@@ -566,7 +593,20 @@ impl Endpoint {
                 if !self.check_seq(from, envelope.seq) {
                     return;
                 }
-                self.arrive(from, envelope, Incoming::Rts { send_id, len });
+                let attached = match attached {
+                    true if frame.payload.len() == len => Some(frame.payload),
+                    false if frame.payload.is_empty() => None,
+                    _ => return self.protocol_error(from, "request-to-send payload mismatch"),
+                };
+                self.arrive(
+                    from,
+                    envelope,
+                    Incoming::Rts {
+                        send_id,
+                        len,
+                        attached,
+                    },
+                );
             }
             Header::Cts { send_id, recv_id } => self.handle_cts(from, send_id, recv_id),
             Header::Data { recv_id, offset } => {
@@ -666,7 +706,33 @@ impl Endpoint {
                     },
                 ),
                 Incoming::InFlight { recv: orphan, .. } => self.adopt(id, orphan, u.key, u.seq),
-                Incoming::Rts { send_id, len } => {
+                Incoming::Rts {
+                    send_id,
+                    attached: Some(data),
+                    ..
+                } => {
+                    // The data came with the request: done here; the CTS only tells the sender
+                    // (if it is still there to hear it) that the message was received.
+                    if !self.is_lost(u.key.source) {
+                        let cts = Header::Cts {
+                            send_id,
+                            recv_id: id.0,
+                        };
+                        self.queue(u.key.source, Frame::control(cts));
+                    }
+                    let state = RecvState::Done {
+                        key: u.key,
+                        seq: u.seq,
+                        data,
+                        cost: 0,
+                    };
+                    self.finish_recv(id, state);
+                }
+                Incoming::Rts {
+                    send_id,
+                    len,
+                    attached: None,
+                } => {
                     if self.is_lost(u.key.source) {
                         // The data can never come: drop the RTS and match the receive anew.
                         if let Some(sel) = self.recvs.get(id.0).map(|op| op.sel) {
@@ -757,11 +823,16 @@ impl Endpoint {
         }
         let data = std::mem::take(&mut op.data);
         let forgotten = op.forgotten;
+        let attached = op.attached;
         if forgotten {
             self.sends.remove(send_id);
         } else {
             op.state = SendState::Done(Ok(()));
             self.events.push_back(Event::SendDone(SendId(send_id)));
+        }
+        if attached {
+            // The receiver already has the data (it came with the RTS).
+            return;
         }
         // Always at least one fragment, so an empty rendezvous message completes too.
         let mut offset = 0;

@@ -34,6 +34,22 @@ impl Net {
     }
 
     fn with(size: u32, eager_limit: usize, unexpected_limit: usize, max_payload: usize) -> Self {
+        Self::build(size, eager_limit, unexpected_limit, max_payload, false)
+    }
+
+    /// Like [`Net::new`], over a transport that hands payloads over by reference (in-process):
+    /// rendezvous requests carry their data.
+    fn by_reference(size: u32) -> Self {
+        Self::build(size, 1024, 1 << 20, usize::MAX, true)
+    }
+
+    fn build(
+        size: u32,
+        eager_limit: usize,
+        unexpected_limit: usize,
+        max_payload: usize,
+        rts_with_data: bool,
+    ) -> Self {
         let eps = (0..size)
             .map(|rank| {
                 Endpoint::new(EndpointConfig {
@@ -42,6 +58,7 @@ impl Net {
                     eager_limit,
                     unexpected_limit,
                     max_payload,
+                    rts_with_data,
                 })
             })
             .collect();
@@ -1131,6 +1148,7 @@ fn malformed_out_of_sequence_messages() {
     let rts = Frame::control(Header::Rts {
         envelope: env(1, 3, 5000),
         send_id: 1,
+        attached: false,
     });
     net.inject(1, 0, rts);
     assert_rejected(&mut net, 1, 2);
@@ -1167,6 +1185,7 @@ fn malformed_rts_with_absurd_length_does_not_panic() {
     let rts = Frame::control(Header::Rts {
         envelope: env(1, 0, u64::MAX),
         send_id: 1,
+        attached: false,
     });
     net.inject(1, 0, rts);
     let r = net.recv(1, Some(0), None, None);
@@ -1313,4 +1332,82 @@ fn forgotten_send_to_lost_peer_is_dropped_silently() {
     net.peer_lost(0, 1);
     assert_eq!(net.events(0), vec![]);
     assert!(!net.ep(0).has_pending_sends());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rendezvous by reference (in-process transports)
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn attached_rendezvous_delivers_on_match_and_completes_the_sender() {
+    let mut net = Net::by_reference(2);
+    let msg = pattern(10_000, 5);
+    let s = pending_id(net.send(0, 1, 4, &msg));
+    assert!(matches!(
+        net.pending(0, 1)[..],
+        [Header::Rts { attached: true, .. }]
+    ));
+    net.run();
+    // The sender still waits: nobody has matched the message yet.
+    assert_eq!(net.ep(0).take_send(s), None);
+    let r = net.recv(1, Some(0), Some(4), None);
+    assert_eq!(net.take(1, r), ok(0, 4, &msg));
+    net.run();
+    assert_eq!(net.events(0), vec![Event::SendDone(s)]);
+    assert_eq!(net.ep(0).take_send(s), Some(Ok(())));
+    // RTS and CTS only: no data fragments.
+    assert_eq!(net.stats(0).frames_sent, 1);
+    assert_eq!(net.stats(1).frames_sent, 1);
+    assert_eq!(net.stats(1).unexpected_bytes, 0);
+}
+
+#[test]
+fn attached_rendezvous_truncation_and_cancel_keep_the_message() {
+    let mut net = Net::by_reference(2);
+    let msg = pattern(5000, 6);
+    let s = pending_id(net.send(0, 1, 1, &msg));
+    net.send(0, 1, 1, b"after");
+    net.run();
+    let small = net.recv(1, Some(0), None, Some(100));
+    assert!(matches!(
+        net.take(1, small),
+        Some(Err(Error::Truncated { len: 5000, .. }))
+    ));
+    // Matched, then dropped before it was taken: back in its place, ahead of "after".
+    let dropped = net.recv(1, Some(0), None, None);
+    net.cancel(1, dropped);
+    let first = net.recv(1, Some(0), None, None);
+    let second = net.recv(1, Some(0), None, None);
+    assert_eq!(net.take(1, first), ok(0, 1, &msg));
+    assert_eq!(net.take(1, second), ok(0, 1, b"after"));
+    net.run();
+    assert_eq!(net.ep(0).take_send(s), Some(Ok(())));
+}
+
+#[test]
+fn attached_rendezvous_survives_the_sender_being_lost() {
+    let mut net = Net::by_reference(2);
+    let msg = pattern(3000, 7);
+    pending_id(net.send(0, 1, 2, &msg));
+    net.run();
+    net.peer_lost(1, 0);
+    // The data is here already: the message is still received intact.
+    let r = net.recv(1, Some(0), Some(2), None);
+    assert_eq!(net.take(1, r), ok(0, 2, &msg));
+    assert_eq!(net.pending(1, 0), vec![]);
+}
+
+#[test]
+fn malformed_attached_rts_is_rejected() {
+    let mut net = Net::by_reference(2);
+    let rts = Frame {
+        header: Header::Rts {
+            envelope: env(1, 0, 5000),
+            send_id: 1,
+            attached: true,
+        },
+        payload: Bytes::from_static(b"short"),
+    };
+    net.inject(1, 0, rts);
+    assert_rejected(&mut net, 1, 1);
 }

@@ -7,7 +7,6 @@
 //! its message without any wake-up); the progress task pumps when the transport rings and no
 //! future is busy-polling, which is what moves data while the application is not polling.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
@@ -19,6 +18,8 @@ use crate::error::Error;
 use crate::protocol::{Endpoint, EndpointConfig, Event, RecvId, SendId};
 use crate::stats::Stats;
 use crate::transport::{Arrival, Transport};
+
+use super::shutdown::ShutdownSignal;
 
 /// What a parked future waits for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -66,11 +67,10 @@ pub(crate) struct Driver {
     transport: Arc<dyn Transport>,
     pub(crate) config: Config,
     pub(crate) rank: u32,
-    shutdown: AtomicBool,
-    /// The rank died (its last communicator was dropped while panicking): stop at once, even
-    /// with sends pending, so peers learn of the loss.
-    aborted: AtomicBool,
-    progress_waker: Mutex<Option<Waker>>,
+    /// Set when the last communicator goes; wakes the progress task. Aborted if the rank died
+    /// (its last communicator was dropped while panicking): stop at once, even with sends
+    /// pending, so peers learn of the loss.
+    shutdown: ShutdownSignal,
 }
 
 impl Driver {
@@ -85,6 +85,7 @@ impl Driver {
             eager_limit: config.eager_limit.min(max_payload),
             unexpected_limit: config.unexpected_limit,
             max_payload,
+            rts_with_data: caps.by_reference,
         });
         Driver {
             state: Mutex::new(DriverState {
@@ -97,9 +98,7 @@ impl Driver {
             config,
             rank,
 
-            shutdown: AtomicBool::new(false),
-            aborted: AtomicBool::new(false),
-            progress_waker: Mutex::new(None),
+            shutdown: ShutdownSignal::new(),
         }
     }
 
@@ -257,20 +256,7 @@ impl Driver {
     /// and then close the transport. With `abort`, close at once (the rank panicked: its pending
     /// sends die with it, and peers must hear of the loss rather than wait for them).
     pub(crate) fn begin_shutdown(&self, abort: bool) {
-        self.aborted.fetch_or(abort, Ordering::SeqCst);
-        self.shutdown.store(true, Ordering::SeqCst);
-        let waker = self
-            .progress_waker
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
-        if let Some(w) = waker {
-            w.wake();
-        }
-    }
-
-    fn is_shutting_down(&self) -> bool {
-        self.shutdown.load(Ordering::SeqCst)
+        self.shutdown.request(abort);
     }
 
     /// The progress task: pumps whenever the transport rings, until shutdown with no sends left.
@@ -278,22 +264,19 @@ impl Driver {
         let mut draining = false;
         loop {
             std::future::poll_fn(|cx| {
-                *self
-                    .progress_waker
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner()) = Some(cx.waker().clone());
-                if self.is_shutting_down() && !draining {
+                // Always poll the signal (it registers our waker, then checks), so a request
+                // that races this poll is either seen here or wakes us.
+                if self.shutdown.poll_requested(cx).is_ready() && !draining {
                     return Poll::Ready(());
                 }
                 self.transport.poll_arrival(cx)
             })
             .await;
-            draining |= self.is_shutting_down();
+            draining |= self.shutdown.is_requested();
             self.progress();
             // Sends whose futures were dropped still complete (their peers answer through the
             // transport, which wakes us); only then does the rank go away.
-            if self.aborted.load(Ordering::SeqCst)
-                || (draining && !self.lock().endpoint.has_pending_sends())
+            if self.shutdown.is_aborted() || (draining && !self.lock().endpoint.has_pending_sends())
             {
                 break;
             }

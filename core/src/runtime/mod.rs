@@ -4,5 +4,6 @@
 //! runs it. See [`driver`] for how data moves while futures are polled and while they are not.
 
 pub(crate) mod driver;
+mod shutdown;
 
 pub(crate) use driver::{Driver, RankLife, Wait, Waiting};

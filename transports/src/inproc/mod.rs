@@ -66,6 +66,7 @@ impl Transport for InprocTransport {
             max_payload: usize::MAX,
             multicast: false,
             rdma: false,
+            by_reference: true,
         }
     }
 
