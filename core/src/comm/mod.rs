@@ -206,6 +206,15 @@ impl Communicator {
     }
 
     fn send_on(&self, context: ContextId, dst: usize, tag: u32, data: Bytes, user: bool) -> SendOp {
+        let _span = tracing::trace_span!(
+            "send",
+            rank = self.inner.rank,
+            dst,
+            tag,
+            len = data.len(),
+            context = context.0
+        )
+        .entered();
         let start = (|| {
             let to = self.check_rank(dst)?;
             let tag = if user { Self::check_tag(tag)? } else { tag };
@@ -231,6 +240,14 @@ impl Communicator {
     }
 
     fn recv_on(&self, context: ContextId, source: Source, tag: Tag, user: bool) -> RecvOp {
+        let _span = tracing::trace_span!(
+            "recv",
+            rank = self.inner.rank,
+            ?source,
+            ?tag,
+            context = context.0
+        )
+        .entered();
         let sel = if user {
             self.selector(context, source, tag)
         } else {
@@ -366,7 +383,9 @@ impl Communicator {
     /// by `key` (ties by their rank here). A rank giving `None` (MPI's `MPI_UNDEFINED`) takes
     /// part but gets `None` back. Every rank of this communicator must call it.
     pub async fn split(&self, color: Option<u32>, key: i32) -> Result<Option<Communicator>, Error> {
-        split::split(self, color, key).await
+        use tracing::Instrument;
+        let span = tracing::debug_span!("split", rank = self.inner.rank, ?color, key);
+        split::split(self, color, key).instrument(span).await
     }
 
     /// Reserves the next collective sequence number of this communicator. Every rank must start
