@@ -1,7 +1,7 @@
 //! rankweave's collective operations, as futures over the point-to-point layer.
 //!
 //! [`Collectives`] adds the collective operations to
-//! [`Communicator`](rankweave_core::Communicator). Like point-to-point operations they start
+//! [`Communicator`]. Like point-to-point operations they start
 //! when called: the call takes the communicator's next collective sequence number (which tags
 //! every message of the operation on the communicator's collective context, where user
 //! receives never look), so several collectives can be in flight at once and still pair up

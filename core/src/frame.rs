@@ -1,8 +1,8 @@
 //! Frames: the units the message protocol hands to a transport.
 //!
 //! In-process transports move these values as they are (the payload is a reference-counted
-//! [`Bytes`], so nothing is copied); byte-oriented transports encode them with
-//! [`crate::wire`].
+//! [`Bytes`], so nothing is copied); byte-oriented transports (UDP, shared memory) will encode
+//! them into bytes.
 
 use bytes::Bytes;
 

@@ -5,13 +5,17 @@
 //! lets the matcher index an unexpected message four ways and still remove it from all four
 //! indexes in O(1), without tombstones: unlinking only touches the entry's neighbours.
 //!
-//! List heads live in one hash map per lane. A list that empties keeps its head for a while:
-//! streams of messages empty and refill the same lists constantly, and re-inserting a head each
-//! time costs more than the whole rest of matching. Empty heads are swept once they outnumber
-//! the live entries (plus [`SPARE_HEADS`]), so memory stays proportional to live entries.
+//! This is the path of every message, so it avoids hashing where it can:
 //!
-//! Links are `u32` slot numbers ([`NIL`] for none) to keep nodes small: every message moves
-//! through this structure, and smaller nodes are cheaper to move and to cache.
+//! * each list has a small header (key, head, tail) in a per-lane slab, and an entry's link
+//!   names its list's header directly, so unlinking needs no lookup at all;
+//! * the key-to-header map is consulted only when a list is first touched: the last list used
+//!   in each lane is remembered, and streams of messages with one envelope hit it every time;
+//! * a list that empties keeps its header (streams empty and refill the same lists
+//!   constantly); empty headers are swept once they outnumber the live entries by more than
+//!   [`SPARE_HEADS`], so memory stays proportional to what is queued.
+//!
+//! Links are `u32` numbers ([`NIL`] for none) to keep nodes small.
 
 use std::hash::Hash;
 
@@ -21,46 +25,89 @@ use slab::Slab;
 /// "No slot".
 const NIL: u32 = u32::MAX;
 
-/// How many empty list heads a lane may keep beyond the number of live entries.
+/// How many empty list headers a lane may keep beyond twice the number of live entries.
 pub(super) const SPARE_HEADS: usize = 64;
 
-/// One entry's membership in one lane: which list it is in and its neighbours there.
+/// One entry's membership in one lane: its list's header and its neighbours there.
 #[derive(Clone, Copy, Debug)]
-struct Link<K> {
-    key: K,
+struct Link {
+    list: u32,
     prev: u32,
     next: u32,
 }
 
-/// First and last slot of a list; both [`NIL`] when the list is empty.
+/// A list's first and last entries ([`NIL`] when empty).
 #[derive(Clone, Copy, Debug)]
-struct Ends {
+struct Header {
     head: u32,
     tail: u32,
 }
 
-impl Ends {
-    const EMPTY: Ends = Ends {
-        head: NIL,
-        tail: NIL,
-    };
-
-    fn is_empty(&self) -> bool {
-        self.head == NIL
-    }
+#[derive(Debug)]
+struct Node<T, const N: usize> {
+    item: T,
+    links: [Link; N],
 }
 
+/// The lists of one lane: headers, the key index, and the last list used.
 #[derive(Debug)]
-struct Node<K, T, const N: usize> {
-    item: T,
-    links: [Link<K>; N],
+struct Lane<K> {
+    headers: Slab<Header>,
+    index: FxHashMap<K, u32>,
+    recent: Option<(K, u32)>,
+}
+
+impl<K: Copy + Eq + Hash> Lane<K> {
+    fn new() -> Self {
+        Lane {
+            headers: Slab::new(),
+            index: FxHashMap::default(),
+            recent: None,
+        }
+    }
+
+    /// The header of list `key`, if it exists.
+    fn find(&self, key: &K) -> Option<u32> {
+        match self.recent {
+            Some((k, id)) if k == *key => Some(id),
+            _ => self.index.get(key).copied(),
+        }
+    }
+
+    /// The header of list `key`, created (empty) if needed, and remembered as the recent one.
+    fn find_or_create(&mut self, key: K) -> u32 {
+        if let Some(id) = self.find(&key) {
+            self.recent = Some((key, id));
+            return id;
+        }
+        let id = self.headers.insert(Header {
+            head: NIL,
+            tail: NIL,
+        }) as u32;
+        self.index.insert(key, id);
+        self.recent = Some((key, id));
+        id
+    }
+
+    /// Drops the headers of empty lists.
+    fn sweep(&mut self) {
+        let headers = &mut self.headers;
+        self.index.retain(|_, id| {
+            let empty = headers[*id as usize].head == NIL;
+            if empty {
+                headers.remove(*id as usize);
+            }
+            !empty
+        });
+        self.recent = None;
+    }
 }
 
 /// A set of entries of type `T`, each linked into one list per lane, lists keyed by `K`.
 #[derive(Debug)]
 pub(super) struct SlabLists<K, T, const N: usize> {
-    nodes: Slab<Node<K, T, N>>,
-    heads: [FxHashMap<K, Ends>; N],
+    nodes: Slab<Node<T, N>>,
+    lanes: [Lane<K>; N],
 }
 
 fn opt(slot: u32) -> Option<usize> {
@@ -71,7 +118,7 @@ impl<K: Copy + Eq + Hash, T, const N: usize> SlabLists<K, T, N> {
     pub(super) fn new() -> Self {
         SlabLists {
             nodes: Slab::new(),
-            heads: std::array::from_fn(|_| FxHashMap::default()),
+            lanes: std::array::from_fn(|_| Lane::new()),
         }
     }
 
@@ -82,7 +129,9 @@ impl<K: Copy + Eq + Hash, T, const N: usize> SlabLists<K, T, N> {
 
     /// Slot of the first entry of the list `key` in `lane`, if that list is non-empty.
     pub(super) fn front(&self, lane: usize, key: &K) -> Option<usize> {
-        self.heads[lane].get(key).and_then(|ends| opt(ends.head))
+        let lane = &self.lanes[lane];
+        let id = lane.find(key)?;
+        opt(lane.headers[id as usize].head)
     }
 
     /// The entry in `slot`, if it is live.
@@ -99,7 +148,9 @@ impl<K: Copy + Eq + Hash, T, const N: usize> SlabLists<K, T, N> {
     pub(super) fn push_back(&mut self, keys: [K; N], item: T) -> usize {
         let slot = self.alloc(keys, item);
         for lane in 0..N {
-            self.link_after(lane, slot, None, true);
+            let list = self.nodes[slot].links[lane].list;
+            let tail = self.lanes[lane].headers[list as usize].tail;
+            self.link_after(lane, slot, opt(tail));
         }
         slot
     }
@@ -117,8 +168,9 @@ impl<K: Copy + Eq + Hash, T, const N: usize> SlabLists<K, T, N> {
     ) -> usize {
         let rank = order(&item);
         let slot = self.alloc(keys, item);
-        for (lane, key) in keys.iter().enumerate() {
-            let mut after = self.heads[lane].get(key).and_then(|ends| opt(ends.tail));
+        for lane in 0..N {
+            let list = self.nodes[slot].links[lane].list;
+            let mut after = opt(self.lanes[lane].headers[list as usize].tail);
             while let Some(prev) = after {
                 let node = &self.nodes[prev];
                 if order(&node.item) <= rank {
@@ -126,7 +178,7 @@ impl<K: Copy + Eq + Hash, T, const N: usize> SlabLists<K, T, N> {
                 }
                 after = opt(node.links[lane].prev);
             }
-            self.link_after(lane, slot, after, false);
+            self.link_after(lane, slot, after);
         }
         slot
     }
@@ -140,41 +192,45 @@ impl<K: Copy + Eq + Hash, T, const N: usize> SlabLists<K, T, N> {
             self.unlink(lane, slot);
         }
         let item = self.nodes.remove(slot).item;
-        self.sweep_heads();
+        // Twice the live entries: after a sweep at least that many removals must pass before
+        // the next, so sweeping costs O(1) per removal.
+        let limit = 2 * self.nodes.len() + SPARE_HEADS;
+        for lane in &mut self.lanes {
+            if lane.headers.len() > limit {
+                lane.sweep();
+            }
+        }
         item
     }
 
     fn alloc(&mut self, keys: [K; N], item: T) -> usize {
-        let links = keys.map(|key| Link {
-            key,
+        let mut links = [Link {
+            list: NIL,
             prev: NIL,
             next: NIL,
-        });
+        }; N];
+        for (lane, key) in keys.into_iter().enumerate() {
+            links[lane].list = self.lanes[lane].find_or_create(key);
+        }
         let slot = self.nodes.insert(Node { item, links });
         debug_assert!(slot < NIL as usize, "more entries than u32 slots");
         slot
     }
 
-    /// Links `slot` into its list of `lane`: at the back if `at_back`, otherwise right after
-    /// `after` (`None`: at the front).
-    fn link_after(&mut self, lane: usize, slot: usize, after: Option<usize>, at_back: bool) {
-        let key = self.nodes[slot].links[lane].key;
+    /// Links `slot` into its list of `lane` right after `after` (`None`: at the front).
+    fn link_after(&mut self, lane: usize, slot: usize, after: Option<usize>) {
         let s = slot as u32;
-        // One hash lookup in the common case (the list, maybe empty, already has a head).
-        let ends = match self.heads[lane].get_mut(&key) {
-            Some(ends) => ends,
-            None => self.heads[lane].entry(key).or_insert(Ends::EMPTY),
-        };
-        let after = if at_back { opt(ends.tail) } else { after };
+        let list = self.nodes[slot].links[lane].list as usize;
+        let header = &mut self.lanes[lane].headers[list];
         let next = match after {
             Some(prev) => self.nodes[prev].links[lane].next,
-            None => ends.head,
+            None => header.head,
         };
         if after.is_none() {
-            ends.head = s;
+            header.head = s;
         }
         if next == NIL {
-            ends.tail = s;
+            header.tail = s;
         }
         let link = &mut self.nodes[slot].links[lane];
         link.prev = after.map_or(NIL, |p| p as u32);
@@ -188,80 +244,75 @@ impl<K: Copy + Eq + Hash, T, const N: usize> SlabLists<K, T, N> {
     }
 
     fn unlink(&mut self, lane: usize, slot: usize) {
-        let Link { key, prev, next } = self.nodes[slot].links[lane];
+        let Link { list, prev, next } = self.nodes[slot].links[lane];
         if let Some(prev) = opt(prev) {
             self.nodes[prev].links[lane].next = next;
         }
         if let Some(next) = opt(next) {
             self.nodes[next].links[lane].prev = prev;
         }
-        if prev == NIL || next == NIL {
-            if let Some(ends) = self.heads[lane].get_mut(&key) {
-                if prev == NIL {
-                    ends.head = next;
-                }
-                if next == NIL {
-                    ends.tail = prev;
-                }
-            }
+        let header = &mut self.lanes[lane].headers[list as usize];
+        if prev == NIL {
+            header.head = next;
         }
-    }
-
-    /// Drops empty list heads once they outnumber the live entries by [`SPARE_HEADS`].
-    fn sweep_heads(&mut self) {
-        // Twice the live entries: after a sweep at least that many removals must pass before the
-        // next, so sweeping costs O(1) per removal.
-        let limit = 2 * self.nodes.len() + SPARE_HEADS;
-        for heads in &mut self.heads {
-            if heads.len() > limit {
-                heads.retain(|_, ends| !ends.is_empty());
-            }
+        if next == NIL {
+            header.tail = prev;
         }
     }
 
     /// Number of non-empty lists, over all lanes.
     #[cfg(test)]
     pub(super) fn list_count(&self) -> usize {
-        self.heads
+        self.lanes
             .iter()
-            .map(|heads| heads.values().filter(|e| !e.is_empty()).count())
+            .map(|lane| lane.headers.iter().filter(|(_, h)| h.head != NIL).count())
             .sum()
     }
 
-    /// Number of list heads held, empty or not, in the fullest lane.
+    /// Number of list headers held, empty or not, in the fullest lane.
     #[cfg(test)]
     pub(super) fn max_heads(&self) -> usize {
-        self.heads.iter().map(|h| h.len()).max().unwrap_or(0)
+        self.lanes
+            .iter()
+            .map(|lane| lane.headers.len())
+            .max()
+            .unwrap_or(0)
     }
 
-    /// Checks every link and head against each other and returns each non-empty list's
-    /// entries in order, as `(lane, key, slots)`.
+    /// Checks every link, header and index entry against each other and returns each
+    /// non-empty list's entries in order, as `(lane, key, slots)`.
     #[cfg(test)]
     pub(super) fn check(&self) -> Vec<(usize, K, Vec<usize>)> {
         let mut lists = Vec::new();
-        for (lane, heads) in self.heads.iter().enumerate() {
+        for (l, lane) in self.lanes.iter().enumerate() {
+            assert_eq!(
+                lane.index.len(),
+                lane.headers.len(),
+                "index and headers differ"
+            );
             let mut seen = 0;
-            for (key, ends) in heads {
-                if ends.is_empty() {
-                    assert_eq!(ends.tail, NIL, "empty list with a tail");
+            for (key, &id) in &lane.index {
+                let header = &lane.headers[id as usize];
+                if header.head == NIL {
+                    assert_eq!(header.tail, NIL, "empty list with a tail");
                     continue;
                 }
                 let mut slots = Vec::new();
                 let mut prev = NIL;
-                let mut at = ends.head;
+                let mut at = header.head;
                 while let Some(slot) = opt(at) {
-                    let link = &self.nodes[slot].links[lane];
-                    assert!(link.key == *key, "entry linked into a foreign list");
+                    let link = &self.nodes[slot].links[l];
+                    assert_eq!(link.list, id, "entry linked into a foreign list");
                     assert_eq!(link.prev, prev, "broken back link");
                     slots.push(slot);
                     prev = slot as u32;
                     at = link.next;
                 }
-                assert_eq!(prev, ends.tail, "stale tail");
+                assert_eq!(prev, header.tail, "stale tail");
                 seen += slots.len();
-                lists.push((lane, *key, slots));
+                lists.push((l, *key, slots));
             }
-            assert_eq!(seen, self.nodes.len(), "lane {lane} misses entries");
+            assert_eq!(seen, self.nodes.len(), "lane {l} misses entries");
         }
         lists
     }
