@@ -255,11 +255,11 @@ impl Communicator {
         };
         match sel {
             Ok(sel) => {
-                let id = self
+                let start = self
                     .inner
                     .driver
-                    .with(|st| st.endpoint.post_recv(sel, None));
-                RecvOp::pending(self.clone(), id)
+                    .with(|st| st.endpoint.start_recv(sel, None));
+                RecvOp::started(self.clone(), start)
             }
             Err(e) => RecvOp::failed(self.clone(), e),
         }
@@ -298,11 +298,11 @@ impl Communicator {
         match self.selector(self.inner.context, source.into(), tag.into()) {
             Ok(sel) => {
                 let cap = bytes.len();
-                let id = self
+                let start = self
                     .inner
                     .driver
-                    .with(|st| st.endpoint.post_recv(sel, Some(cap)));
-                RecvIntoOp::new(RecvOp::pending(self.clone(), id), bytes)
+                    .with(|st| st.endpoint.start_recv(sel, Some(cap)));
+                RecvIntoOp::new(RecvOp::started(self.clone(), start), bytes)
             }
             Err(e) => RecvIntoOp::new(RecvOp::failed(self.clone(), e), bytes),
         }
@@ -351,6 +351,19 @@ impl Communicator {
         let sel = self.selector(self.inner.context, source.into(), tag.into())?;
         let found = self.inner.driver.with_pumped(|st| st.endpoint.probe(&sel));
         Ok(found.map(|(src, tag, len)| self.status(src, tag, len)))
+    }
+
+    /// A received message in this communicator's numbering.
+    fn message(&self, m: crate::protocol::Received) -> Message {
+        Message {
+            source: self
+                .inner
+                .group
+                .local_of(m.source)
+                .unwrap_or(m.source as usize),
+            tag: m.tag,
+            data: m.data,
+        }
     }
 
     fn status(&self, world_source: u32, tag: u32, len: usize) -> Status {

@@ -8,7 +8,7 @@ use std::task::{Context, Poll};
 use super::Communicator;
 use crate::error::Error;
 use crate::matching::Selector;
-use crate::protocol::{RecvId, SendId};
+use crate::protocol::{Matched, RecvId, RecvStart, SendId};
 use crate::runtime::{Wait, Waiting};
 use crate::types::{Message, Status};
 
@@ -112,6 +112,8 @@ pub struct RecvOp {
 #[derive(Debug)]
 enum RecvState {
     Failed(Option<Error>),
+    /// The message was already there when the receive was posted.
+    Matched(Option<Matched>),
     Pending {
         id: RecvId,
         wait: Wait,
@@ -131,6 +133,19 @@ impl RecvOp {
         }
     }
 
+    /// The future for a receive that [`Endpoint::start_recv`](crate::protocol::Endpoint::start_recv)
+    /// began.
+    pub(crate) fn started(comm: Communicator, start: RecvStart) -> RecvOp {
+        let state = match start {
+            RecvStart::Matched(m) => RecvState::Matched(Some(m)),
+            RecvStart::Failed(e) => RecvState::Failed(Some(comm.local_error(e))),
+            RecvStart::Pending(id) => {
+                return RecvOp::pending(comm, id);
+            }
+        };
+        RecvOp { comm, state }
+    }
+
     pub(crate) fn failed(comm: Communicator, e: Error) -> RecvOp {
         RecvOp {
             comm,
@@ -147,6 +162,10 @@ impl Future for RecvOp {
         let comm = &this.comm;
         match &mut this.state {
             RecvState::Failed(e) => Poll::Ready(Err(e.take().unwrap_or(Error::Shutdown))),
+            RecvState::Matched(m) => match m.take() {
+                Some(m) => Poll::Ready(Ok(comm.message(m.received))),
+                None => Poll::Ready(Err(Error::Shutdown)),
+            },
             RecvState::Pending { id, wait, finished } => {
                 let id = *id;
                 let r = comm.inner.driver.poll_op(
@@ -157,18 +176,7 @@ impl Future for RecvOp {
                 );
                 r.map(|r| {
                     *finished = true;
-                    match r {
-                        Ok(m) => Ok(Message {
-                            source: comm
-                                .inner
-                                .group
-                                .local_of(m.source)
-                                .unwrap_or(m.source as usize),
-                            tag: m.tag,
-                            data: m.data,
-                        }),
-                        Err(e) => Err(comm.local_error(e)),
-                    }
+                    r.map(|m| comm.message(m)).map_err(|e| comm.local_error(e))
                 })
             }
         }
@@ -177,6 +185,12 @@ impl Future for RecvOp {
 
 impl Drop for RecvOp {
     fn drop(&mut self) {
+        if let RecvState::Matched(m) = &mut self.state {
+            // Taken but never read: put it back where it was.
+            if let Some(m) = m.take() {
+                self.comm.inner.driver.with(|st| st.endpoint.give_back(m));
+            }
+        }
         if let RecvState::Pending { id, finished, .. } = &mut self.state {
             let driver = &self.comm.inner.driver;
             if !*finished {

@@ -91,6 +91,27 @@ pub struct Received {
     pub data: Bytes,
 }
 
+/// A message taken by a receive, with what it takes to put it back in line
+/// ([`Endpoint::give_back`]).
+#[derive(Debug)]
+pub struct Matched {
+    /// The message.
+    pub received: Received,
+    seq: u64,
+    key: MatchKey,
+}
+
+/// How a receive started ([`Endpoint::start_recv`]).
+#[derive(Debug)]
+pub enum RecvStart {
+    /// A message was already there and is taken.
+    Matched(Matched),
+    /// The receive failed at once (truncation, lost peer).
+    Failed(Error),
+    /// The receive is posted; [`Event::RecvDone`] tells when it finished.
+    Pending(RecvId),
+}
+
 /// The static parameters of an endpoint.
 #[derive(Clone, Copy, Debug)]
 pub struct EndpointConfig {
@@ -410,8 +431,24 @@ impl Endpoint {
         }
     }
 
+    /// Posts a receive like [`post_recv`](Self::post_recv), and if a message is already there,
+    /// takes it at once: no operation is left behind to poll.
+    pub fn start_recv(&mut self, sel: Selector, max_len: Option<usize>) -> RecvStart {
+        let id = self.post_recv(sel, max_len);
+        match self.take_matched(id) {
+            Some(Ok(m)) => RecvStart::Matched(m),
+            Some(Err(e)) => RecvStart::Failed(e),
+            None => RecvStart::Pending(id),
+        }
+    }
+
     /// The result of a finished receive (removing it), or `None` while it is still pending.
     pub fn take_recv(&mut self, id: RecvId) -> Option<Result<Received, Error>> {
+        self.take_matched(id).map(|r| r.map(|m| m.received))
+    }
+
+    /// Like [`take_recv`](Self::take_recv), keeping what [`give_back`](Self::give_back) needs.
+    pub fn take_matched(&mut self, id: RecvId) -> Option<Result<Matched, Error>> {
         let op = self.recvs.get(id.0)?;
         // An orphan's outcome belongs to whoever takes its in-flight entry, not to its old id.
         if op.orphaned || !matches!(op.state, RecvState::Done { .. } | RecvState::Failed(_)) {
@@ -419,19 +456,38 @@ impl Endpoint {
         }
         match self.recvs.remove(id.0)?.state {
             RecvState::Done {
-                key, data, cost, ..
+                key,
+                seq,
+                data,
+                cost,
             } => {
                 self.give_credit(key.source, cost);
                 self.run_loopback();
-                Some(Ok(Received {
+                let received = Received {
                     source: key.source,
                     tag: key.tag,
                     data,
-                }))
+                };
+                Some(Ok(Matched { received, seq, key }))
             }
             RecvState::Failed(e) => Some(Err(e)),
             RecvState::Posted(_) | RecvState::Receiving { .. } | RecvState::Adopting { .. } => None,
         }
+    }
+
+    /// The application dropped a message it had taken but not read: it goes back to the
+    /// unexpected queue at its original place, so nothing is lost. (Its eager credit was
+    /// already given back when it was taken.)
+    pub fn give_back(&mut self, m: Matched) {
+        self.requeue(Unexpected {
+            seq: m.seq,
+            key: m.key,
+            msg: Incoming::Data {
+                data: m.received.data,
+                cost: 0,
+            },
+        });
+        self.run_loopback();
     }
 
     /// The application dropped this receive. Not yet matched: it is withdrawn. Matched: the
