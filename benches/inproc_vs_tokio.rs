@@ -7,7 +7,9 @@
 //!
 //! * one-way latency: ping-pong, round trip / 2, at 8 B, 1 KiB, 1 MiB;
 //! * message rate: 8-byte messages streamed from one rank to the other (receiver posts windows
-//!   of 64 receives), messages per second.
+//!   of 64 receives), messages per second. Baseline: a bounded tokio channel (capacity 1024,
+//!   back-pressure like rankweave's credits); an unbounded channel is shown too, with its ratio
+//!   to the bounded one.
 
 use std::time::{Duration, Instant};
 
@@ -145,6 +147,26 @@ fn tokio_rate(messages: usize) -> f64 {
     })
 }
 
+/// Messages per second streamed through an unbounded tokio mpsc channel (no back-pressure:
+/// the sender never waits, so this is the channel's upper bound).
+fn tokio_unbounded_rate(messages: usize) -> f64 {
+    runtime().block_on(async move {
+        let (tx, mut rx) = mpsc::unbounded_channel::<Bytes>();
+        let payload = Bytes::from_static(&[7u8; 8]);
+        let start = Instant::now();
+        let sender = tokio::spawn(async move {
+            for _ in 0..messages {
+                tx.send(payload.clone()).expect("send");
+            }
+        });
+        for _ in 0..messages {
+            rx.recv().await.expect("recv");
+        }
+        sender.await.expect("sender");
+        messages as f64 / start.elapsed().as_secs_f64()
+    })
+}
+
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     let n = v.len();
@@ -196,7 +218,9 @@ fn main() {
     }
     let (mut spin, mut park, mut hybrid, mut base) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut unbounded = Vec::new();
     for _ in 0..plan.rounds {
+        unbounded.push(tokio_unbounded_rate(plan.rate_messages) / 1e6);
         spin.push(rankweave_rate(ProgressPolicy::Spin, plan.rate_messages) / 1e6);
         park.push(rankweave_rate(ProgressPolicy::Park, plan.rate_messages) / 1e6);
         hybrid.push(rankweave_rate(ProgressPolicy::SpinThenPark, plan.rate_messages) / 1e6);
@@ -204,6 +228,7 @@ fn main() {
     }
     report("rate Mmsg/s tokio-mpsc", 8, &mut base, None);
     let b = median(&mut base.clone());
+    report("rate Mmsg/s tokio-unbnd", 8, &mut unbounded, Some(b));
     report("rate Mmsg/s spin", 8, &mut spin, Some(b));
     report("rate Mmsg/s park", 8, &mut park, Some(b));
     report("rate Mmsg/s spin-park", 8, &mut hybrid, Some(b));
