@@ -1,1 +1,107 @@
-fn main() {}
+//! Runs rankweave's `rw-bench` and the C baselines under MPICH and Open MPI interleaved
+//! (A B C A B C …), then writes medians, min–max, ratios, a CSV and SVG plots.
+//!
+//! Usually started through `bench/compare`, which installs the MPIs and builds everything
+//! first. `compare --help` lists the options.
+
+mod osu;
+mod plot;
+mod report;
+mod run;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use run::{Config, Impl, Plan};
+
+const HELP: &str = "\
+compare: rankweave vs MPICH vs Open MPI, interleaved, medians of several rounds
+
+USAGE: compare [OPTIONS]
+
+OPTIONS:
+  --rounds N         repetitions of every measurement (default 3)
+  --bench LIST       comma-separated benchmarks (default: latency,bw,bibw,mr,barrier,bcast,
+                     reduce,allreduce,allgather,alltoall)
+  --config LIST      comma-separated configurations (default: shm,oversubscribed):
+                       shm             2 ranks, one per core, shared memory (rankweave: in-process)
+                       oversubscribed  4 ranks on the 2 cores
+                       udp             rankweave over UDP vs MPI over TCP (needs the UDP transport)
+  --full             OSU's own iteration counts (default: 1000 iterations, 100 warm-up)
+  --quick            smoke run: sizes 1..64, 10 iterations, 1 round
+  --out DIR          where to write results.md, results.csv and plots (default bench/results/latest)
+  --book             also write the book's performance chapter data (book/src/performance/)
+  --root DIR         repository root (default: current directory)
+  -h, --help         this text
+";
+
+fn main() -> ExitCode {
+    match parse(std::env::args().skip(1).collect()) {
+        Ok(Some(plan)) => match run::execute(&plan) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("compare: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Ok(None) => {
+            print!("{HELP}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("compare: {e}\n\n{HELP}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn parse(args: Vec<String>) -> Result<Option<Plan>, String> {
+    let mut plan = Plan {
+        rounds: 3,
+        benches: osu::ALL.iter().map(|s| s.to_string()).collect(),
+        configs: vec![Config::Shm, Config::Oversubscribed],
+        full: false,
+        quick: false,
+        out: PathBuf::from("bench/results/latest"),
+        book: false,
+        root: PathBuf::from("."),
+        impls: vec![Impl::Rankweave, Impl::Mpich, Impl::OpenMpi],
+    };
+    let mut it = args.into_iter();
+    while let Some(a) = it.next() {
+        let mut value = || it.next().ok_or(format!("{a} needs a value"));
+        match a.as_str() {
+            "-h" | "--help" => return Ok(None),
+            "--rounds" => {
+                plan.rounds = value()?
+                    .parse()
+                    .ok()
+                    .filter(|&n| n > 0)
+                    .ok_or("--rounds takes a positive number")?
+            }
+            "--bench" => {
+                let list = value()?;
+                plan.benches = list.split(',').map(str::to_string).collect();
+                if let Some(bad) = plan.benches.iter().find(|b| !osu::ALL.contains(&b.as_str())) {
+                    return Err(format!("unknown benchmark {bad:?}"));
+                }
+            }
+            "--config" => {
+                plan.configs = value()?
+                    .split(',')
+                    .map(|c| Config::parse(c).ok_or(format!("unknown configuration {c:?}")))
+                    .collect::<Result<_, _>>()?
+            }
+            "--full" => plan.full = true,
+            "--quick" => {
+                plan.quick = true;
+                plan.rounds = 1;
+            }
+            "--out" => plan.out = PathBuf::from(value()?),
+            "--book" => plan.book = true,
+            "--root" => plan.root = PathBuf::from(value()?),
+            other => return Err(format!("unknown option {other:?}")),
+        }
+    }
+    Ok(Some(plan))
+}

@@ -1,0 +1,235 @@
+//! Building the command lines and running them interleaved.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::osu;
+
+/// Which implementation runs a measurement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Impl {
+    /// rankweave's `rw-bench`.
+    Rankweave,
+    /// The C baselines built with MPICH.
+    Mpich,
+    /// The C baselines built with Open MPI.
+    OpenMpi,
+}
+
+impl Impl {
+    pub fn name(self) -> &'static str {
+        match self {
+            Impl::Rankweave => "rankweave",
+            Impl::Mpich => "MPICH",
+            Impl::OpenMpi => "Open MPI",
+        }
+    }
+}
+
+/// A machine configuration to measure in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Config {
+    /// 2 ranks, one per core, shared memory (rankweave: in-process ranks).
+    Shm,
+    /// 4 ranks on the 2 cores.
+    Oversubscribed,
+    /// rankweave over UDP against MPI over TCP.
+    Udp,
+}
+
+impl Config {
+    pub fn parse(s: &str) -> Option<Config> {
+        match s {
+            "shm" => Some(Config::Shm),
+            "oversubscribed" | "oversub" => Some(Config::Oversubscribed),
+            "udp" => Some(Config::Udp),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Config::Shm => "shm",
+            Config::Oversubscribed => "oversubscribed",
+            Config::Udp => "udp",
+        }
+    }
+
+    fn ranks(self) -> usize {
+        match self {
+            Config::Oversubscribed => 4,
+            _ => 2,
+        }
+    }
+}
+
+/// What to run.
+pub struct Plan {
+    pub rounds: usize,
+    pub benches: Vec<String>,
+    pub configs: Vec<Config>,
+    pub full: bool,
+    pub quick: bool,
+    pub out: PathBuf,
+    pub book: bool,
+    pub root: PathBuf,
+    pub impls: Vec<Impl>,
+}
+
+/// One measurement's samples: (config, bench, impl) → size → figures of every round.
+pub type Samples = BTreeMap<(Config, String, Impl), BTreeMap<u64, Vec<f64>>>;
+
+/// Why a measurement has no numbers.
+pub type Gaps = BTreeMap<(Config, String, Impl), String>;
+
+const RUN_TIMEOUT: Duration = Duration::from_secs(600);
+
+fn osu_flags(plan: &Plan) -> Vec<String> {
+    if plan.quick {
+        return ["-m", "1:64", "-i", "10", "-x", "2"].map(String::from).to_vec();
+    }
+    if plan.full {
+        return Vec::new();
+    }
+    ["-i", "1000", "-x", "100"].map(String::from).to_vec()
+}
+
+fn command(plan: &Plan, imp: Impl, config: Config, bench: &str) -> Result<Command, String> {
+    let n = config.ranks().to_string();
+    let root = &plan.root;
+    let flags = osu_flags(plan);
+    let pinned = config == Config::Shm;
+    let mut cmd = match imp {
+        Impl::Rankweave => {
+            if config == Config::Udp {
+                return Err("rankweave's UDP transport is not built yet".into());
+            }
+            let mut c = Command::new(root.join("target/release/rw-bench"));
+            c.arg(bench).args(["--ranks", &n]);
+            c
+        }
+        Impl::Mpich => {
+            let mut c = Command::new("mpiexec.mpich");
+            c.args(["-n", &n]);
+            if pinned {
+                c.args(["-bind-to", "core"]);
+            }
+            if config == Config::Udp {
+                c.args(["-genv", "MPIR_CVAR_NOLOCAL", "1"]);
+            }
+            c.arg(binary(root, "mpich", bench));
+            c
+        }
+        Impl::OpenMpi => {
+            let mut c = Command::new("mpirun.openmpi");
+            c.args(["--allow-run-as-root", "-n", &n]);
+            c.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+                .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+            if pinned {
+                c.args(["--bind-to", "core"]);
+            } else {
+                c.args(["--oversubscribe", "--bind-to", "none"]);
+            }
+            let btl = if config == Config::Udp { "self,tcp" } else { "self,vader" };
+            c.args(["--mca", "btl", btl]);
+            c.arg(binary(root, "openmpi", bench));
+            c
+        }
+    };
+    cmd.args(flags);
+    Ok(cmd)
+}
+
+fn binary(root: &Path, mpi: &str, bench: &str) -> PathBuf {
+    root.join("target/bench-c").join(mpi).join(format!("osu_{bench}"))
+}
+
+/// Runs one measurement; returns its rows or why there are none.
+fn measure(plan: &Plan, imp: Impl, config: Config, bench: &str) -> Result<Vec<(u64, f64)>, String> {
+    let mut cmd = command(plan, imp, config, bench)?;
+    let started = Instant::now();
+    let out = run_with_timeout(&mut cmd, RUN_TIMEOUT)?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let why = stderr.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("");
+        return Err(format!("exited with {}: {}", out.status, why.trim()));
+    }
+    let rows = osu::parse(&stdout, osu::metric(bench));
+    if rows.is_empty() {
+        return Err("printed no data rows".into());
+    }
+    eprintln!(
+        "  {:<9} {:<15} {:<9} {:>3} rows in {:.1?}",
+        imp.name(),
+        config.name(),
+        bench,
+        rows.len(),
+        started.elapsed()
+    );
+    Ok(rows)
+}
+
+fn run_with_timeout(cmd: &mut Command, limit: Duration) -> Result<std::process::Output, String> {
+    use std::process::Stdio;
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot start {:?}: {e}", cmd.get_program()))?;
+    let deadline = Instant::now() + limit;
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => break,
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            Ok(None) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("timed out after {limit:?}"));
+            }
+            Err(e) => return Err(format!("waiting: {e}")),
+        }
+    }
+    child.wait_with_output().map_err(|e| format!("collecting output: {e}"))
+}
+
+/// Runs the whole plan, interleaved, and writes the reports.
+pub fn execute(plan: &Plan) -> Result<(), String> {
+    let mut samples = Samples::new();
+    let mut gaps = Gaps::new();
+    let started = Instant::now();
+    for round in 1..=plan.rounds {
+        eprintln!("round {round} of {}", plan.rounds);
+        for &config in &plan.configs {
+            for bench in &plan.benches {
+                // A B C, then again next round: drift in the VM's placement hits all alike.
+                // Point-to-point benchmarks are between two ranks: the shm configuration has them.
+                if config == Config::Oversubscribed && osu::is_pt2pt(bench) {
+                    continue;
+                }
+                for &imp in &plan.impls {
+                    let key = (config, bench.clone(), imp);
+                    if gaps.contains_key(&key) {
+                        continue;
+                    }
+                    match measure(plan, imp, config, bench) {
+                        Ok(rows) => {
+                            let by_size = samples.entry(key).or_default();
+                            for (size, v) in rows {
+                                by_size.entry(size).or_default().push(v);
+                            }
+                        }
+                        Err(why) => {
+                            eprintln!("  {:<9} {:<15} {:<9} skipped: {why}", imp.name(), config.name(), bench);
+                            gaps.insert(key, why);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let elapsed = started.elapsed();
+    crate::report::write(plan, &samples, &gaps, elapsed)
+}
