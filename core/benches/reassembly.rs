@@ -47,7 +47,11 @@ fn reassembly(c: &mut Criterion) {
     for case in [&whole[..], &in_order, &reverse] {
         assert_eq!(assemble(case), data, "reassembled message differs");
     }
-    assert_eq!(assemble(&whole).as_ptr(), data.as_ptr(), "whole message was copied");
+    assert_eq!(
+        assemble(&whole).as_ptr(),
+        data.as_ptr(),
+        "whole message was copied"
+    );
 
     let mut g = c.benchmark_group("reassembly_1MiB");
     g.throughput(Throughput::Bytes(LEN as u64));

@@ -82,7 +82,11 @@ fn parse(args: Vec<String>) -> Result<Option<Plan>, String> {
             "--bench" => {
                 let list = value()?;
                 plan.benches = list.split(',').map(str::to_string).collect();
-                if let Some(bad) = plan.benches.iter().find(|b| !osu::ALL.contains(&b.as_str())) {
+                if let Some(bad) = plan
+                    .benches
+                    .iter()
+                    .find(|b| !osu::ALL.contains(&b.as_str()))
+                {
                     return Err(format!("unknown benchmark {bad:?}"));
                 }
             }

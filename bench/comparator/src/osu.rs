@@ -83,6 +83,9 @@ mod tests {
         assert_eq!(parse(out, metric("latency")), vec![(0, 0.16), (1, 0.17)]);
         let mr = "# Size MB/s Messages/s\n8  10.00  1250000.00\n";
         assert_eq!(parse(mr, metric("mr")), vec![(8, 1_250_000.0)]);
-        assert_eq!(parse("# Avg Latency(us)\n0.39\n", metric("barrier")), vec![(0, 0.39)]);
+        assert_eq!(
+            parse("# Avg Latency(us)\n0.39\n", metric("barrier")),
+            vec![(0, 0.39)]
+        );
     }
 }

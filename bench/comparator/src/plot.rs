@@ -34,7 +34,8 @@ pub fn all(plan: &Plan, samples: &Samples, dir: &Path) -> Result<Vec<String>, St
                 continue;
             }
             let name = file_name(config, bench);
-            draw(&dir.join(&name), config, bench, &lines).map_err(|e| format!("plot {name}: {e}"))?;
+            draw(&dir.join(&name), config, bench, &lines)
+                .map_err(|e| format!("plot {name}: {e}"))?;
             written.push(name);
         }
     }
@@ -59,19 +60,28 @@ fn draw(
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(70)
-        .build_cartesian_2d((x0..x1 * 1.01).log_scale(), (y0 * 0.8..y1 * 1.25).log_scale())?;
+        .build_cartesian_2d(
+            (x0..x1 * 1.01).log_scale(),
+            (y0 * 0.8..y1 * 1.25).log_scale(),
+        )?;
     chart
         .configure_mesh()
         .x_desc("message size (bytes)")
         .y_desc(metric.unit)
         .draw()?;
-    let colors = [RGBColor(214, 39, 40), RGBColor(31, 119, 180), RGBColor(44, 160, 44)];
+    let colors = [
+        RGBColor(214, 39, 40),
+        RGBColor(31, 119, 180),
+        RGBColor(44, 160, 44),
+    ];
     for (i, (imp, pts)) in lines.iter().enumerate() {
         let color = colors[i % colors.len()];
         chart
             .draw_series(LineSeries::new(pts.iter().copied(), color.stroke_width(2)))?
             .label(imp.name())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
+            });
         chart.draw_series(pts.iter().map(|&p| Circle::new(p, 3, color.filled())))?;
     }
     chart

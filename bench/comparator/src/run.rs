@@ -88,7 +88,9 @@ const RUN_TIMEOUT: Duration = Duration::from_secs(600);
 
 fn osu_flags(plan: &Plan) -> Vec<String> {
     if plan.quick {
-        return ["-m", "1:64", "-i", "10", "-x", "2"].map(String::from).to_vec();
+        return ["-m", "1:64", "-i", "10", "-x", "2"]
+            .map(String::from)
+            .to_vec();
     }
     if plan.full {
         return Vec::new();
@@ -132,7 +134,11 @@ fn command(plan: &Plan, imp: Impl, config: Config, bench: &str) -> Result<Comman
             } else {
                 c.args(["--oversubscribe", "--bind-to", "none"]);
             }
-            let btl = if config == Config::Udp { "self,tcp" } else { "self,vader" };
+            let btl = if config == Config::Udp {
+                "self,tcp"
+            } else {
+                "self,vader"
+            };
             c.args(["--mca", "btl", btl]);
             c.arg(binary(root, "openmpi", bench));
             c
@@ -143,7 +149,9 @@ fn command(plan: &Plan, imp: Impl, config: Config, bench: &str) -> Result<Comman
 }
 
 fn binary(root: &Path, mpi: &str, bench: &str) -> PathBuf {
-    root.join("target/bench-c").join(mpi).join(format!("osu_{bench}"))
+    root.join("target/bench-c")
+        .join(mpi)
+        .join(format!("osu_{bench}"))
 }
 
 /// Runs one measurement; returns its rows or why there are none.
@@ -154,7 +162,11 @@ fn measure(plan: &Plan, imp: Impl, config: Config, bench: &str) -> Result<Vec<(u
     let stdout = String::from_utf8_lossy(&out.stdout);
     if !out.status.success() {
         let stderr = String::from_utf8_lossy(&out.stderr);
-        let why = stderr.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("");
+        let why = stderr
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("");
         return Err(format!("exited with {}: {}", out.status, why.trim()));
     }
     let rows = osu::parse(&stdout, osu::metric(bench));
@@ -192,7 +204,9 @@ fn run_with_timeout(cmd: &mut Command, limit: Duration) -> Result<std::process::
             Err(e) => return Err(format!("waiting: {e}")),
         }
     }
-    child.wait_with_output().map_err(|e| format!("collecting output: {e}"))
+    child
+        .wait_with_output()
+        .map_err(|e| format!("collecting output: {e}"))
 }
 
 /// Runs the whole plan, interleaved, and writes the reports.
@@ -222,7 +236,12 @@ pub fn execute(plan: &Plan) -> Result<(), String> {
                             }
                         }
                         Err(why) => {
-                            eprintln!("  {:<9} {:<15} {:<9} skipped: {why}", imp.name(), config.name(), bench);
+                            eprintln!(
+                                "  {:<9} {:<15} {:<9} skipped: {why}",
+                                imp.name(),
+                                config.name(),
+                                bench
+                            );
                             gaps.insert(key, why);
                         }
                     }
