@@ -149,9 +149,12 @@ fn command(plan: &Plan, imp: Impl, config: Config, bench: &str) -> Result<Comman
 }
 
 fn binary(root: &Path, mpi: &str, bench: &str) -> PathBuf {
-    root.join("target/bench-c")
-        .join(mpi)
-        .join(format!("osu_{bench}"))
+    // OSU names the message-rate test after its multi-pair original.
+    let name = match bench {
+        "mr" => "osu_mbw_mr".to_string(),
+        b => format!("osu_{b}"),
+    };
+    root.join("target/bench-c").join(mpi).join(name)
 }
 
 /// Runs one measurement; returns its rows or why there are none.
