@@ -292,7 +292,8 @@ int osu_init(int *argc, char ***argv, const char *name, enum osu_kind kind,
     }
     /* Only the ping-pong has a meaningful 0-byte message. */
     if (kind != OSU_LATENCY && opt->min_size == 0) {
-        opt->min_size = 1;
+        bad_usage(rank, name, kind, "Minimum message size must be at least 1",
+                  'm', "0");
     }
     return rank;
 }

@@ -8,9 +8,9 @@
  *
  *   - message sizes: doubling from MIN to MAX (`-m MIN:MAX`); defaults
  *     1 .. 4 MiB for point-to-point and message rate, 1 .. 1 MiB for
- *     collectives.  A size that holds zero elements is skipped, so OMB 7.x
- *     never prints a 0-byte row; `latency -m 0:N` is accepted here and adds
- *     one (an extension, off by default).
+ *     collectives.  OMB 7.x skips a size that holds zero elements, so it
+ *     never prints a 0-byte row; here `latency -m 0:N` adds one (an
+ *     extension, off by default); the other programs reject a 0 minimum.
  *   - iterations / warm-up ("skip"), small vs. large where "large" means
  *     size > 8192 bytes:
  *         latency        10000 / 100    large 1000 / 10
