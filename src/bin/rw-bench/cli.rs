@@ -13,6 +13,8 @@ pub const LARGE_MESSAGE_SIZE: usize = 8192;
 pub const MAX_SIZE_LIMIT: usize = 1 << 30;
 /// OSU's default window (`WINDOW_SIZE_LARGE`) for bw, bibw and mr.
 pub const DEFAULT_WINDOW: usize = 64;
+/// Largest accepted `-W` (the C baselines' bound too).
+pub const MAX_WINDOW: usize = 4096;
 
 /// The benchmarks, one per subcommand.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -144,12 +146,14 @@ impl Bench {
     /// OSU 7.x defaults: `LAT_*` for osu_latency, `BW_*` for osu_bw / osu_bibw / osu_mbw_mr
     /// (osu_mbw_mr has no large-message switch), `COLL_*` for the collectives;
     /// `MAX_MESSAGE_SIZE` (4 MiB) for point-to-point, `MAX_MSG_SIZE_COLL` (1 MiB) for
-    /// collectives; sizes start at 0 for osu_latency and at 1 otherwise.
+    /// collectives. Sizes start at 1: osu_latency's minimum is 0, but OSU 7.x skips a size that
+    /// holds no element, so its first row is 1 byte too. `latency -m 0:N` adds a 0-byte row (an
+    /// extension, as in the C baselines of `bench/c`).
     pub fn defaults(self) -> Defaults {
         const MIB: usize = 1 << 20;
         match self {
             Bench::Latency => Defaults {
-                min_size: 0,
+                min_size: 1,
                 max_size: 4 * MIB,
                 iterations: 10_000,
                 iterations_large: 1_000,
@@ -353,8 +357,10 @@ pub fn parse<S: AsRef<str>>(args: &[S]) -> Result<Command, BenchError> {
             "W" | "window-size" => {
                 let v = value_for(arg, attached)?;
                 let n = parse_count("-W", &v)?;
-                if n < 1 {
-                    return Err(usage("-W: the window size must be at least 1"));
+                if !(1..=MAX_WINDOW).contains(&n) {
+                    return Err(usage(format!(
+                        "-W: the window size must be between 1 and {MAX_WINDOW}"
+                    )));
                 }
                 window = Some(n);
             }
@@ -559,12 +565,14 @@ BENCHMARKS (each follows the OSU 7.x program in brackets):
 OPTIONS (OSU's, where they apply):
     -m, --message-size SIZES   MAX, MIN:MAX, MIN: or :MAX in bytes (k, m, g suffixes
                                accepted). Sizes double from MIN up to MAX.
-                               Defaults: latency 0:4M; bw, bibw, mr 1:4M;
-                               collectives 1:1M. Not for barrier.
+                               Defaults: latency, bw, bibw, mr 1:4M; collectives
+                               1:1M. Only latency accepts a minimum of 0 (a 0-byte
+                               row, which OSU 7.x itself skips). Not for barrier.
     -i, --iterations N         timed iterations per size (sets the small- and the
                                large-message count alike, as OSU does)
     -x, --warmup N             untimed warm-up iterations per size (likewise)
-    -W, --window-size N        messages per window for bw, bibw and mr (default 64)
+    -W, --window-size N        messages per window for bw, bibw and mr (default 64,
+                               at most 4096)
     -f, --full                 collectives: also print min and max latency over the
                                ranks and the iteration count
     --ranks N                  in-process runs only: number of ranks (default 2; every

@@ -74,7 +74,10 @@ pub fn header(bench: Bench, full: bool) -> String {
     let mut h = match bench {
         Bench::Latency => format!("{size}{:>FIELD_WIDTH$}", "Latency (us)"),
         Bench::Bw | Bench::Bibw => format!("{size}{:>FIELD_WIDTH$}", "Bandwidth (MB/s)"),
-        Bench::Mr => format!("{size}{:>FIELD_WIDTH$}{:>FIELD_WIDTH$}", "MB/s", "Messages/s"),
+        Bench::Mr => format!(
+            "{size}{:>FIELD_WIDTH$}{:>FIELD_WIDTH$}",
+            "MB/s", "Messages/s"
+        ),
         Bench::Barrier => "# Avg Latency(us)".to_string(),
         _ => format!("{size}{:>FIELD_WIDTH$}", "Avg Latency(us)"),
     };
