@@ -1,0 +1,158 @@
+//! `rw-bench`: OSU-style micro-benchmarks over rankweave.
+//!
+//! `rw-bench <latency|bw|bibw|mr|barrier|bcast|reduce|allreduce|allgather|alltoall> [OPTIONS]`;
+//! `rw-bench --help` documents everything. The benchmarks follow the OSU micro-benchmarks 7.x
+//! (definitions, defaults, output columns) so their rows line up with OSU's.
+//!
+//! Structure: [`run`] is the rank body — it only needs a [`Communicator`] and the options, not
+//! how ranks were started. [`launch`] starts ranks: in-process today (`rankweave::local_with`),
+//! and under a launcher (`rwrun`, `mpiexec`) through `rankweave::init_with`, which is where
+//! launcher support plugs in once rankweave has it.
+
+mod cli;
+mod collective;
+mod error;
+mod pt2pt;
+mod report;
+#[cfg(test)]
+mod tests;
+
+use std::process::ExitCode;
+
+use rankweave::{Communicator, Config};
+
+use crate::cli::{Bench, Command, DEFAULT_RANKS, Options};
+use crate::error::{BenchError, Result};
+use crate::report::{Report, Reporter};
+
+/// The rank body: runs `opts.bench` on `comm`. Rank 0 returns the report (and prints it as it
+/// goes when `opts.print`); the other ranks return `None`. Every rank of `comm` must call it
+/// with the same options.
+pub async fn run(comm: Communicator, opts: Options) -> Result<Option<Report>> {
+    if let Some(needs) = opts.bench.missing() {
+        return Err(BenchError::Unavailable {
+            bench: opts.bench.name(),
+            needs,
+        });
+    }
+    cli::check_ranks(opts.bench, comm.size())?;
+    let mut out = Reporter::new(&comm, &opts);
+    match opts.bench {
+        Bench::Latency => pt2pt::latency(&comm, &opts, &mut out).await?,
+        Bench::Bw => pt2pt::bw(&comm, &opts, &mut out).await?,
+        Bench::Bibw => pt2pt::bibw(&comm, &opts, &mut out).await?,
+        Bench::Mr => pt2pt::mr(&comm, &opts, &mut out).await?,
+        Bench::Barrier => collective::barrier(&comm, &opts, &mut out).await?,
+        Bench::Bcast => collective::bcast(&comm, &opts, &mut out).await?,
+        Bench::Reduce | Bench::Allreduce | Bench::Allgather | Bench::Alltoall => {
+            unreachable!("unavailable benchmarks return above")
+        }
+    }
+    Ok(out.finish())
+}
+
+/// Environment variables that show a launcher started this process. Mirrors the private list in
+/// the facade's `src/launch.rs`; replace with the facade's own detection once it exports one.
+const LAUNCHER_VARIABLES: &[&str] = &[
+    "PMI_FD",
+    "PMI_PORT",
+    "OMPI_COMM_WORLD_SIZE",
+    "SLURM_NTASKS",
+    "RANKWEAVE_RANK",
+];
+
+fn launcher_variable() -> Option<&'static str> {
+    LAUNCHER_VARIABLES
+        .iter()
+        .copied()
+        .find(|v| std::env::var_os(v).is_some())
+}
+
+/// Starts the ranks and runs [`run`] on each.
+async fn launch(config: Config, mut opts: Options) -> Result<()> {
+    match launcher_variable() {
+        Some(var) => {
+            if opts.ranks.is_some() {
+                return Err(BenchError::Usage(format!(
+                    "--ranks is for in-process runs; this process was started by a launcher ({var} is set), which sets the number of ranks"
+                )));
+            }
+            opts.launch = format!("launcher, {var}");
+            // One rank per process. Launcher support plugs in here: today `init_with` reports
+            // that it is not built yet, and that error ends the run.
+            let comm = rankweave::init_with(config).await?;
+            run(comm, opts).await?;
+            Ok(())
+        }
+        None => {
+            let n = opts.ranks.unwrap_or(DEFAULT_RANKS);
+            cli::check_ranks(opts.bench, n)?;
+            opts.launch = "in-process".into();
+            let results =
+                rankweave::local_with(config, n, move |comm| run(comm, opts.clone())).await?;
+            first_error(results)
+        }
+    }
+}
+
+/// The error to report from an in-process job: the first rank's own failure rather than a peer
+/// that only saw it fail.
+fn first_error(results: Vec<Result<Option<Report>>>) -> Result<()> {
+    let mut errors: Vec<BenchError> = results.into_iter().filter_map(|r| r.err()).collect();
+    let root = errors
+        .iter()
+        .position(|e| !matches!(e, BenchError::Comm(rankweave::Error::PeerFailed { .. })));
+    match root {
+        Some(i) => Err(errors.swap_remove(i)),
+        None => match errors.into_iter().next() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        },
+    }
+}
+
+fn real_main(args: &[String]) -> Result<()> {
+    let opts = match cli::parse(args)? {
+        Command::Help => {
+            print!("{}", cli::HELP);
+            return Ok(());
+        }
+        Command::Run(opts) => opts,
+    };
+    // Before any rank starts: no numbers for benchmarks whose collective does not exist.
+    if let Some(needs) = opts.bench.missing() {
+        return Err(BenchError::Unavailable {
+            bench: opts.bench.name(),
+            needs,
+        });
+    }
+    let config = Config::from_env()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| BenchError::Other(format!("cannot start the tokio runtime: {e}")))?;
+    runtime.block_on(launch(config, opts))
+}
+
+fn main() -> ExitCode {
+    let mut args = Vec::new();
+    for a in std::env::args_os().skip(1) {
+        match a.into_string() {
+            Ok(s) => args.push(s),
+            Err(bad) => {
+                eprintln!("rw-bench: argument {bad:?} is not valid UTF-8");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    match real_main(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("rw-bench: {e}");
+            if e.is_usage() {
+                eprintln!("Try `rw-bench --help`.");
+            }
+            ExitCode::from(e.exit_code())
+        }
+    }
+}

@@ -1,0 +1,321 @@
+//! Every available benchmark at tiny sizes through the rank body, and the error paths.
+
+use rankweave::Config;
+
+use crate::cli::{self, Bench, Command, Options};
+use crate::error::BenchError;
+use crate::report::{self, Report, Row};
+use crate::run;
+
+fn parse(args: &[&str]) -> Result<Command, BenchError> {
+    cli::parse(args)
+}
+
+fn options(args: &[&str]) -> Options {
+    match parse(args) {
+        Ok(Command::Run(mut opts)) => {
+            opts.print = false;
+            opts
+        }
+        other => panic!("{args:?} should parse to a run, got {other:?}"),
+    }
+}
+
+fn usage_error(args: &[&str]) -> String {
+    match parse(args) {
+        Err(e @ BenchError::Usage(_)) => {
+            assert_eq!(e.exit_code(), 2);
+            e.to_string()
+        }
+        other => panic!("{args:?} should be a usage error, got {other:?}"),
+    }
+}
+
+/// Runs the rank body on `n` in-process ranks and returns rank 0's report.
+async fn bench(n: usize, args: &[&str]) -> Report {
+    let opts = options(args);
+    let results = rankweave::local_with(Config::default(), n, move |comm| run(comm, opts.clone()))
+        .await
+        .expect("the job runs");
+    let mut reports = Vec::new();
+    for (rank, r) in results.into_iter().enumerate() {
+        match r {
+            Ok(Some(report)) => {
+                assert_eq!(rank, 0, "only rank 0 reports");
+                reports.push(report);
+            }
+            Ok(None) => assert_ne!(rank, 0, "rank 0 reports"),
+            Err(e) => panic!("rank {rank} failed: {e}"),
+        }
+    }
+    reports.pop().expect("a report")
+}
+
+const TINY: [&str; 6] = ["-m", "1:64", "-i", "5", "-x", "1"];
+
+fn tiny(bench: &str) -> Vec<&str> {
+    let mut v = vec![bench];
+    v.extend_from_slice(&TINY);
+    v
+}
+
+fn assert_sizes(report: &Report, columns: usize) {
+    let sizes: Vec<_> = report.rows.iter().map(|r| r.size).collect();
+    let expected: Vec<_> = [1, 2, 4, 8, 16, 32, 64].into_iter().map(Some).collect();
+    assert_eq!(sizes, expected, "one row per size:\n{}", report.to_text());
+    for row in &report.rows {
+        assert_eq!(row.values.len(), columns);
+        for v in &row.values {
+            assert!(v.is_finite() && *v > 0.0, "{row:?}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn latency_reports_every_size() {
+    let report = bench(2, &tiny("latency")).await;
+    assert_eq!(report.header, "# Size            Latency (us)");
+    assert!(
+        report
+            .preamble
+            .starts_with("# rw-bench latency (OSU MPI Latency Test")
+    );
+    assert!(report.preamble.contains("2 ranks (in-process)"));
+    assert!(report.preamble.contains("progress "));
+    assert_sizes(&report, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn latency_zero_byte_row_on_request_and_extra_ranks_idle() {
+    let report = bench(3, &["latency", "-m", "4", "-i", "3", "-x", "0"]).await;
+    let sizes: Vec<_> = report.rows.iter().filter_map(|r| r.size).collect();
+    assert_eq!(sizes, [1, 2, 4]);
+    let report = bench(3, &["latency", "-m", "0:4", "-i", "3", "-x", "0"]).await;
+    let sizes: Vec<_> = report.rows.iter().filter_map(|r| r.size).collect();
+    assert_eq!(sizes, [0, 1, 2, 4]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bw_reports_every_size() {
+    let report = bench(2, &tiny("bw")).await;
+    assert_eq!(report.header, "# Size        Bandwidth (MB/s)");
+    assert!(report.preamble.contains("window size: 64"));
+    assert_sizes(&report, 1);
+    // A small window and rendezvous-sized messages too.
+    let report = bench(
+        2,
+        &["bw", "-m", "128k:256k", "-i", "2", "-x", "1", "-W", "4"],
+    )
+    .await;
+    assert_eq!(report.rows.len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bibw_reports_every_size() {
+    let report = bench(2, &tiny("bibw")).await;
+    assert_eq!(report.header, "# Size        Bandwidth (MB/s)");
+    assert_sizes(&report, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mr_reports_every_size() {
+    let report = bench(2, &tiny("mr")).await;
+    assert_eq!(
+        report.header,
+        "# Size                    MB/s          Messages/s"
+    );
+    assert!(report.preamble.contains("pairs: 1"));
+    assert_sizes(&report, 2);
+    // Message rate = bandwidth / size.
+    for row in &report.rows {
+        let size = row.size.unwrap() as f64;
+        let (bw, rate) = (row.values[0], row.values[1]);
+        assert!((rate - 1e6 * bw / size).abs() <= 1e-6 * rate);
+    }
+    // Two pairs.
+    let report = bench(4, &tiny("mr")).await;
+    assert!(report.preamble.contains("pairs: 2"));
+    assert_sizes(&report, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn barrier_reports_one_value() {
+    let report = bench(4, &["barrier", "-i", "5", "-x", "1"]).await;
+    assert_eq!(report.header, "# Avg Latency(us)");
+    assert_eq!(report.rows.len(), 1);
+    assert_eq!(report.rows[0].size, None);
+    assert_eq!(report.rows[0].values.len(), 1);
+    let full = bench(3, &["barrier", "-i", "5", "-x", "1", "-f"]).await;
+    assert_eq!(full.rows[0].values.len(), 3);
+    assert_eq!(full.rows[0].iterations, Some(5));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bcast_reports_every_size() {
+    let report = bench(4, &tiny("bcast")).await;
+    assert_eq!(report.header, "# Size         Avg Latency(us)");
+    assert_sizes(&report, 1);
+    let mut args = tiny("bcast");
+    args.push("-f");
+    let full = bench(3, &args).await;
+    assert!(
+        full.header
+            .ends_with("Min Latency(us)     Max Latency(us)  Iterations")
+    );
+    for row in &full.rows {
+        let (avg, min, max) = (row.values[0], row.values[1], row.values[2]);
+        assert!(min <= avg && avg <= max, "{row:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unavailable_collectives_fail_without_numbers() {
+    for (name, needs) in [
+        ("reduce", "reduce"),
+        ("allreduce", "allreduce"),
+        ("allgather", "allgather"),
+        ("alltoall", "alltoall"),
+    ] {
+        let opts = options(&[name]);
+        let results =
+            rankweave::local_with(Config::default(), 2, move |comm| run(comm, opts.clone()))
+                .await
+                .expect("the job runs");
+        for r in results {
+            match r {
+                Err(e @ BenchError::Unavailable { .. }) => {
+                    assert_eq!(
+                        e.to_string(),
+                        format!("`{name}` needs rankweave's {needs}, which is not built yet")
+                    );
+                    assert_ne!(e.exit_code(), 0);
+                }
+                other => panic!("{name}: expected the unavailable error, got {other:?}"),
+            }
+        }
+    }
+}
+
+#[test]
+fn unknown_subcommands_and_bad_flags_are_usage_errors() {
+    assert!(usage_error(&["pingpong"]).contains("unknown benchmark `pingpong`"));
+    assert!(usage_error(&[]).contains("no benchmark given"));
+    assert!(usage_error(&["latency", "bw"]).contains("unexpected argument `bw`"));
+    assert!(usage_error(&["latency", "--bogus"]).contains("unknown option `--bogus`"));
+    assert!(usage_error(&["latency", "-q"]).contains("unknown option `-q`"));
+    assert!(usage_error(&["latency", "-m"]).contains("-m needs a value"));
+    assert!(usage_error(&["latency", "-m", "64:1"]).contains("larger than the maximum"));
+    assert!(usage_error(&["latency", "-m", "abc"]).contains("is not a message size"));
+    assert!(usage_error(&["latency", "-m", "1:2:3"]).contains("more than one"));
+    assert!(usage_error(&["latency", "-m", "2g"]).contains("larger than the limit"));
+    assert!(usage_error(&["bw", "-m", "0:8"]).contains("must be at least 1"));
+    assert!(usage_error(&["latency", "-i", "0"]).contains("at least 1"));
+    assert!(usage_error(&["latency", "-i", "-5"]).contains("not a non-negative whole number"));
+    assert!(usage_error(&["latency", "-x", "many"]).contains("not a non-negative whole number"));
+    assert!(usage_error(&["latency", "-W", "8"]).contains("-W does not apply"));
+    assert!(usage_error(&["bw", "-W", "0"]).contains("between 1 and 4096"));
+    assert!(usage_error(&["mr", "-W", "4097"]).contains("between 1 and 4096"));
+    assert!(usage_error(&["latency", "-f"]).contains("-f does not apply"));
+    assert!(usage_error(&["barrier", "-m", "8"]).contains("-m does not apply"));
+    assert!(usage_error(&["latency", "--ranks", "1"]).contains("needs at least 2 ranks"));
+    assert!(usage_error(&["bcast", "--ranks", "0"]).contains("out of range"));
+    assert!(usage_error(&["latency", "--ranks"]).contains("--ranks needs a value"));
+    assert!(usage_error(&["latency", "--help=yes"]).contains("takes no value"));
+    assert!(usage_error(&["-é"]).contains("unknown option"));
+}
+
+#[test]
+fn flags_parse_like_osu() {
+    let o = options(&["bw", "-m", "1:64"]);
+    assert_eq!((o.min_size, o.max_size), (1, 64));
+    let o = options(&["bw", "-m128"]);
+    assert_eq!((o.min_size, o.max_size), (1, 128));
+    let o = options(&["latency", "-m", "16:"]);
+    assert_eq!((o.min_size, o.max_size), (16, 4 << 20));
+    let o = options(&["latency", "--message-size=:1k"]);
+    assert_eq!((o.min_size, o.max_size), (1, 1024));
+    let o = options(&["latency", "-m", "0:8"]);
+    assert_eq!(o.sizes(), [0, 1, 2, 4, 8]);
+    let o = options(&["bcast", "-i", "7", "-x", "3", "--ranks", "5", "-f"]);
+    assert_eq!((o.iterations, o.iterations_large), (7, 7));
+    assert_eq!((o.warmup, o.warmup_large), (3, 3));
+    assert_eq!(o.ranks, Some(5));
+    assert!(o.full);
+    let o = options(&["mr", "-W", "16"]);
+    assert_eq!(o.window, 16);
+    assert_eq!(parse(&["--help"]).unwrap(), Command::Help);
+    assert_eq!(parse(&["bw", "-h"]).unwrap(), Command::Help);
+    assert_eq!(parse(&["help"]).unwrap(), Command::Help);
+    // Unavailable collectives are valid subcommands; they fail when run.
+    assert_eq!(options(&["allreduce"]).bench, Bench::Allreduce);
+}
+
+#[test]
+fn osu_7_defaults() {
+    let o = options(&["latency"]);
+    assert_eq!((o.min_size, o.max_size), (1, 4 << 20));
+    assert_eq!(o.loops(8192), (10_000, 100));
+    assert_eq!(o.loops(8193), (1_000, 10));
+    let o = options(&["bw"]);
+    assert_eq!((o.min_size, o.max_size, o.window), (1, 4 << 20, 64));
+    assert_eq!(o.loops(1), (100, 10));
+    assert_eq!(o.loops(1 << 20), (20, 2));
+    let o = options(&["mr"]);
+    assert_eq!(o.loops(1 << 20), (100, 10));
+    let o = options(&["bcast"]);
+    assert_eq!((o.min_size, o.max_size), (1, 1 << 20));
+    assert_eq!(o.loops(1), (1_000, 100));
+    assert_eq!(o.loops(1 << 20), (100, 10));
+    assert_eq!(options(&["latency"]).sizes().len(), 23);
+    assert_eq!(options(&["bw"]).sizes().len(), 23);
+    assert_eq!(options(&["bcast"]).sizes().len(), 21);
+}
+
+#[test]
+fn rows_use_osu_column_widths() {
+    let row = Row {
+        size: Some(1024),
+        values: vec![1.234],
+        iterations: None,
+    };
+    assert_eq!(row.format(), format!("{:<10}{:>20}", 1024, "1.23"));
+    let barrier = Row {
+        size: None,
+        values: vec![2.5],
+        iterations: None,
+    };
+    assert_eq!(barrier.format(), format!("{:>17}", "2.50"));
+    let full = Row {
+        size: Some(1),
+        values: vec![1.0, 0.5, 2.0],
+        iterations: Some(100),
+    };
+    assert_eq!(
+        full.format(),
+        format!(
+            "{:<10}{:>20}{:>20}{:>20}{:>12}",
+            1, "1.00", "0.50", "2.00", 100
+        )
+    );
+    assert_eq!(
+        report::header(Bench::Barrier, true),
+        format!(
+            "# Avg Latency(us){:>20}{:>20}{:>12}",
+            "Min Latency(us)", "Max Latency(us)", "Iterations"
+        )
+    );
+}
+
+#[test]
+fn exit_codes() {
+    assert_eq!(BenchError::Usage("x".into()).exit_code(), 2);
+    assert_eq!(
+        BenchError::Unavailable {
+            bench: "reduce",
+            needs: "reduce"
+        }
+        .exit_code(),
+        1
+    );
+    assert_eq!(BenchError::Comm(rankweave::Error::Shutdown).exit_code(), 1);
+}
