@@ -27,7 +27,6 @@ OPTIONS:
                        shm             2 ranks, one per core, shared memory (rankweave: in-process)
                        oversubscribed  4 ranks on the 2 cores
                        udp             rankweave over UDP vs MPI over TCP (needs the UDP transport)
-  --full             OSU's own iteration counts (default: 1000 iterations, 100 warm-up)
   --quick            smoke run: sizes 1..64, 10 iterations, 1 round
   --out DIR          where to write results.md, results.csv and plots (default bench/results/latest)
   --book             also write the book's performance chapter data (book/src/performance/)
@@ -60,7 +59,6 @@ fn parse(args: Vec<String>) -> Result<Option<Plan>, String> {
         rounds: 3,
         benches: osu::ALL.iter().map(|s| s.to_string()).collect(),
         configs: vec![Config::Shm, Config::Oversubscribed],
-        full: false,
         quick: false,
         out: PathBuf::from("bench/results/latest"),
         book: false,
@@ -96,7 +94,6 @@ fn parse(args: Vec<String>) -> Result<Option<Plan>, String> {
                     .map(|c| Config::parse(c).ok_or(format!("unknown configuration {c:?}")))
                     .collect::<Result<_, _>>()?
             }
-            "--full" => plan.full = true,
             "--quick" => {
                 plan.quick = true;
                 plan.rounds = 1;

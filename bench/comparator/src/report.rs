@@ -185,10 +185,8 @@ fn markdown(
         "| iterations | {} |",
         if plan.quick {
             "smoke run (10)"
-        } else if plan.full {
-            "OSU defaults"
         } else {
-            "1000, warm-up 100"
+            "OSU defaults; oversubscribed: 100, warm-up 10, sizes up to 1 KiB"
         }
     );
     let _ = writeln!(s, "| took | {:.0?} |\n", elapsed);

@@ -70,7 +70,6 @@ pub struct Plan {
     pub rounds: usize,
     pub benches: Vec<String>,
     pub configs: Vec<Config>,
-    pub full: bool,
     pub quick: bool,
     pub out: PathBuf,
     pub book: bool,
@@ -86,22 +85,26 @@ pub type Gaps = BTreeMap<(Config, String, Impl), String>;
 
 const RUN_TIMEOUT: Duration = Duration::from_secs(600);
 
-fn osu_flags(plan: &Plan) -> Vec<String> {
-    if plan.quick {
-        return ["-m", "1:64", "-i", "10", "-x", "2"]
-            .map(String::from)
-            .to_vec();
-    }
-    if plan.full {
-        return Vec::new();
-    }
-    ["-i", "1000", "-x", "100"].map(String::from).to_vec()
+/// The OSU flags of one run. Shared memory uses OSU's own iteration counts and sizes; four
+/// ranks on two cores run fewer iterations at small sizes, because MPICH takes milliseconds per
+/// operation there and OSU's counts would take the better part of an hour.
+fn osu_flags(plan: &Plan, config: Config, bench: &str) -> Vec<String> {
+    let (sizes, counts): (&[&str], &[&str]) = if plan.quick {
+        (&["-m", "1:64"], &["-i", "10", "-x", "2"])
+    } else if config == Config::Oversubscribed {
+        (&["-m", "1:1024"], &["-i", "100", "-x", "10"])
+    } else {
+        (&[], &[])
+    };
+    // The barrier has no message size.
+    let sizes = if bench == "barrier" { &[][..] } else { sizes };
+    sizes.iter().chain(counts).map(|s| s.to_string()).collect()
 }
 
 fn command(plan: &Plan, imp: Impl, config: Config, bench: &str) -> Result<Command, String> {
     let n = config.ranks().to_string();
     let root = &plan.root;
-    let flags = osu_flags(plan);
+    let flags = osu_flags(plan, config, bench);
     let pinned = config == Config::Shm;
     let mut cmd = match imp {
         Impl::Rankweave => {
