@@ -49,6 +49,9 @@ use crate::sync::{Mutex, MutexGuard};
 /// [`drain_into`](Self::drain_into), [`poll_nonempty`](Self::poll_nonempty) and the busy-poll
 /// pair (the structure stays memory-safe and loses nothing if others do, but the wake-up
 /// protocol assumes a single consumer).
+// Aligned so that neighbouring mailboxes (ranks 0 and 1 write into each other's) never share a
+// cache line.
+#[repr(align(128))]
 pub struct Mailbox<T> {
     /// Queued items, oldest first.
     queue: Mutex<Vec<T>>,
@@ -59,8 +62,10 @@ pub struct Mailbox<T> {
     /// Set once by [`close`](Self::close), while `queue` is locked, so a push that holds the
     /// lock sees a consistent value.
     closed: AtomicBool,
-    /// Number of busy pollers currently spinning on this mailbox.
-    busy: AtomicUsize,
+    /// Number of busy pollers currently spinning on this mailbox. The owner writes it on every
+    /// busy poll while pushers read it on every push: on a line of its own, so the owner's
+    /// writes do not also steal the line the pushers lock and append through.
+    busy: Padded<AtomicUsize>,
     /// The owner's parked waker, if any.
     waker: WakerSlot,
 }
@@ -73,7 +78,7 @@ impl<T> Mailbox<T> {
             queue: Mutex::new(Vec::new()),
             len: AtomicUsize::new(0),
             closed: AtomicBool::new(false),
-            busy: AtomicUsize::new(0),
+            busy: Padded(AtomicUsize::new(0)),
             waker: WakerSlot::new(),
         }
     }
@@ -233,6 +238,18 @@ impl<T> fmt::Debug for Mailbox<T> {
 ///
 /// `registered` mirrors `waker.is_some()` (written only with the lock held) so that wakers skip
 /// the lock when nothing is registered.
+/// A value alone on its cache lines (128 bytes: x86 fetches adjacent lines in pairs).
+#[repr(align(128))]
+struct Padded<T>(T);
+
+impl<T> std::ops::Deref for Padded<T> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
 struct WakerSlot {
     waker: Mutex<Option<Waker>>,
     registered: AtomicBool,
