@@ -18,6 +18,8 @@ pub mod sync {
 }
 
 // The in-process transport's `Mailbox` (its own `//!` docs document the module).
+pub mod harness;
+
 #[path = "../../transports/src/inproc/mailbox.rs"]
 pub mod mailbox;
 

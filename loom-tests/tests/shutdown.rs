@@ -5,54 +5,12 @@
 //! Run: `LOOM_MAX_PREEMPTIONS=3 cargo test -p loom-tests --release`. See README.md.
 
 use std::future::poll_fn;
-use std::sync::Arc as StdArc;
-use std::task::{Context, Wake, Waker};
+use std::task::Context;
 
 use loom::sync::Arc;
-use loom::sync::atomic::{AtomicUsize, Ordering};
 use loom::thread;
+use loom_tests::harness::{counting_waker, model};
 use loom_tests::shutdown::ShutdownSignal;
-
-/// Default preemption bound when `LOOM_MAX_PREEMPTIONS` is not set (as in `tests/mailbox.rs`).
-const DEFAULT_PREEMPTION_BOUND: usize = 3;
-
-/// Runs `f` under loom with the preemption bound from `LOOM_MAX_PREEMPTIONS`, or
-/// [`DEFAULT_PREEMPTION_BOUND`] if unset.
-fn model<F>(f: F)
-where
-    F: Fn() + Sync + Send + 'static,
-{
-    let mut builder = loom::model::Builder::new();
-    if builder.preemption_bound.is_none() {
-        builder.preemption_bound = Some(DEFAULT_PREEMPTION_BOUND);
-    }
-    builder.check(f);
-}
-
-/// A waker that counts its wake-ups in a loom atomic (so loom tracks the happens-before edge
-/// from the waking thread to whoever reads the count after joining it).
-struct CountingWaker {
-    wakes: AtomicUsize,
-}
-
-impl Wake for CountingWaker {
-    fn wake(self: StdArc<Self>) {
-        self.wakes.fetch_add(1, Ordering::Release);
-    }
-}
-
-fn counting_waker() -> (Waker, StdArc<CountingWaker>) {
-    let counter = StdArc::new(CountingWaker {
-        wakes: AtomicUsize::new(0),
-    });
-    (Waker::from(counter.clone()), counter)
-}
-
-impl CountingWaker {
-    fn wakes(&self) -> usize {
-        self.wakes.load(Ordering::Acquire)
-    }
-}
 
 /// Spawns a thread that requests shutdown (with `abort`) on `sig`.
 fn spawn_request(sig: &Arc<ShutdownSignal>, abort: bool) -> thread::JoinHandle<()> {

@@ -161,7 +161,15 @@ impl Communicator {
         Ok(tag)
     }
 
-    fn selector(&self, context: ContextId, source: Source, tag: Tag) -> Result<Selector, Error> {
+    /// A selector on `context`. User tags are checked against [`MAX_TAG`]; collective traffic
+    /// (`user == false`) uses the whole tag range.
+    fn selector_on(
+        &self,
+        context: ContextId,
+        source: Source,
+        tag: Tag,
+        user: bool,
+    ) -> Result<Selector, Error> {
         Ok(Selector {
             context,
             source: match source {
@@ -169,10 +177,15 @@ impl Communicator {
                 Source::Any => None,
             },
             tag: match tag {
-                Tag::Value(t) => Some(Self::check_tag(t)?),
+                Tag::Value(t) if user => Some(Self::check_tag(t)?),
+                Tag::Value(t) => Some(t),
                 Tag::Any => None,
             },
         })
+    }
+
+    fn selector(&self, context: ContextId, source: Source, tag: Tag) -> Result<Selector, Error> {
+        self.selector_on(context, source, tag, true)
     }
 
     /// Translates an error that names a world rank into this communicator's numbering.
@@ -248,11 +261,7 @@ impl Communicator {
             context = context.0
         )
         .entered();
-        let sel = if user {
-            self.selector(context, source, tag)
-        } else {
-            self.internal_selector(context, source, tag)
-        };
+        let sel = self.selector_on(context, source, tag, user);
         match sel {
             Ok(sel) => {
                 let start = self
@@ -263,25 +272,6 @@ impl Communicator {
             }
             Err(e) => RecvOp::failed(self.clone(), e),
         }
-    }
-
-    fn internal_selector(
-        &self,
-        context: ContextId,
-        source: Source,
-        tag: Tag,
-    ) -> Result<Selector, Error> {
-        Ok(Selector {
-            context,
-            source: match source {
-                Source::Rank(r) => Some(self.check_rank(r)?),
-                Source::Any => None,
-            },
-            tag: match tag {
-                Tag::Value(t) => Some(t),
-                Tag::Any => None,
-            },
-        })
     }
 
     /// Receives into `buf`, returning the message's [`Status`].
