@@ -21,6 +21,7 @@ pub mod stats;
 mod sync;
 pub mod transport;
 pub mod types;
+pub mod wire;
 
 pub use comm::{Communicator, ProbeOp, RecvIntoOp, RecvOp, SendOp};
 pub use config::{Config, ProgressPolicy, TransportKind};

@@ -63,6 +63,12 @@ pub trait Transport: Send + Sync + 'static {
     /// already has. Used by the progress engine before it parks.
     fn poll_arrival(&self, cx: &mut Context<'_>) -> Poll<()>;
 
+    /// A cheap hint for busy pollers: `false` only if nothing can have arrived since the last
+    /// [`drain`](Self::drain). The default (always `true`) is correct for any transport.
+    fn may_have_arrivals(&self) -> bool {
+        true
+    }
+
     /// A poller has started busy-polling this rank: the transport may skip waking the parked
     /// progress engine while at least one is active. Calls nest.
     fn begin_busy_poll(&self) {}

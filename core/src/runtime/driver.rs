@@ -224,8 +224,12 @@ impl Driver {
             let mut polls = 0u32;
             loop {
                 std::hint::spin_loop();
-                if let Some(r) = self.check_or_pump(&mut check) {
-                    return Poll::Ready(r);
+                // Watch the transport's doorbell (one load) and take the lock only when something
+                // arrived: the reply is seen as soon as its cache line lands.
+                if self.transport.may_have_arrivals() {
+                    if let Some(r) = self.check_or_pump(&mut check) {
+                        return Poll::Ready(r);
+                    }
                 }
                 polls += 1;
                 if polls % 8 == 0 && burst.elapsed() >= SPIN_BURST {

@@ -92,6 +92,10 @@ impl Transport for InprocTransport {
         self.mailbox().poll_nonempty(cx)
     }
 
+    fn may_have_arrivals(&self) -> bool {
+        !self.mailbox().is_empty()
+    }
+
     fn begin_busy_poll(&self) {
         self.mailbox().begin_busy_poll();
     }
