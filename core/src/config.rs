@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use crate::chaos::{CHAOS_VARIABLE, ChaosSpec};
 use crate::error::ConfigError;
 
 /// Which transport carries a job's traffic.
@@ -54,6 +55,10 @@ pub struct Config {
     pub spin: Duration,
     /// `RANKWEAVE_MAX_FRAME`: cap on a frame's payload; `None` uses the transport's own limit.
     pub max_frame: Option<usize>,
+    /// `RANKWEAVE_CHAOS`: faults to inject under the transport (loss, corruption, duplication,
+    /// reordering, delay, route down/up); `None` injects nothing. See [`crate::chaos`] for the
+    /// syntax.
+    pub chaos: Option<ChaosSpec>,
 }
 
 impl Default for Config {
@@ -65,6 +70,7 @@ impl Default for Config {
             progress: ProgressPolicy::SpinThenPark,
             spin: Duration::from_micros(50),
             max_frame: None,
+            chaos: None,
         }
     }
 }
@@ -111,6 +117,9 @@ impl Config {
                 });
             }
             self.max_frame = Some(n);
+        }
+        if let Some(v) = get(CHAOS_VARIABLE) {
+            self.chaos = Some(ChaosSpec::parse(&v)?);
         }
         Ok(self)
     }
@@ -223,5 +232,44 @@ mod tests {
             .unwrap_err();
         assert_eq!(e.variable, "RANKWEAVE_EAGER_LIMIT");
         assert!(parse_size("X", "99999999999999999999g").is_err());
+    }
+
+    #[test]
+    fn chaos_defaults_to_none_and_parses_from_env() {
+        assert_eq!(Config::default().chaos, None);
+        let c = Config::default()
+            .with_env(env(&[("RANKWEAVE_CHAOS", "   ")]))
+            .unwrap();
+        assert_eq!(c.chaos, None, "an empty value is ignored");
+        let c = Config::default()
+            .with_env(env(&[(
+                "RANKWEAVE_CHAOS",
+                "seed=7,loss=5%,corrupt=0.01,dup=0.02,reorder=0.1,delay=200us,down@1s,up@2s",
+            )]))
+            .unwrap();
+        let chaos = c.chaos.expect("chaos spec");
+        assert_eq!(chaos.seed, 7);
+        assert!((chaos.loss - 0.05).abs() < 1e-12);
+        assert_eq!(chaos.corrupt, 0.01);
+        assert_eq!(chaos.duplicate, 0.02);
+        assert_eq!(chaos.reorder, 0.1);
+        assert_eq!(chaos.delay, Duration::from_micros(200));
+        assert_eq!(chaos.routes.len(), 2);
+        assert!(!chaos.route_up_at(Duration::from_millis(1500)));
+    }
+
+    #[test]
+    fn bad_chaos_names_the_variable() {
+        let e = Config::default()
+            .with_env(env(&[("RANKWEAVE_CHAOS", "loss=2")]))
+            .unwrap_err();
+        assert_eq!(e.variable, "RANKWEAVE_CHAOS");
+        assert_eq!(e.value, "loss=2");
+        assert!(e.expected.contains("probability"), "{}", e.expected);
+        let e = Config::default()
+            .with_env(env(&[("RANKWEAVE_CHAOS", "delay=5,seed=1")]))
+            .unwrap_err();
+        assert_eq!(e.variable, "RANKWEAVE_CHAOS");
+        assert!(e.expected.contains("delay"), "{}", e.expected);
     }
 }

@@ -10,6 +10,7 @@
 
 #![warn(missing_docs)]
 
+pub mod chaos;
 pub mod comm;
 pub mod config;
 pub mod error;
@@ -23,6 +24,7 @@ pub mod transport;
 pub mod types;
 pub mod wire;
 
+pub use chaos::ChaosSpec;
 pub use comm::{Communicator, ProbeOp, RecvIntoOp, RecvOp, SendOp};
 pub use config::{Config, ProgressPolicy, TransportKind};
 pub use error::{ConfigError, Error, Result, TransportError};

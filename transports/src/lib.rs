@@ -6,5 +6,6 @@
 
 #![warn(missing_docs)]
 
+pub mod chaos;
 pub mod inproc;
 mod sync;

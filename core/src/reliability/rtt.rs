@@ -1,0 +1,119 @@
+//! Round-trip time estimation and the retransmission timeout (Jacobson/Karels, RFC 6298).
+
+use std::time::Duration;
+
+/// Smoothed round-trip time and its variation, from ACK samples.
+///
+/// Feed it only samples of packets that were never retransmitted (Karn's rule: the ACK of a
+/// retransmitted packet cannot tell which transmission it answers).
+#[derive(Clone, Debug)]
+pub struct RttEstimator {
+    srtt: Option<Duration>,
+    rttvar: Duration,
+    latest: Option<Duration>,
+    initial_rto: Duration,
+    min_rto: Duration,
+    max_rto: Duration,
+}
+
+impl RttEstimator {
+    /// An estimator with no samples yet: its RTO is `initial_rto` until the first sample.
+    /// Every RTO is clamped to `[min_rto, max_rto]`.
+    pub fn new(initial_rto: Duration, min_rto: Duration, max_rto: Duration) -> Self {
+        Self {
+            srtt: None,
+            rttvar: Duration::ZERO,
+            latest: None,
+            initial_rto,
+            min_rto,
+            max_rto,
+        }
+    }
+
+    /// Adds one round-trip sample.
+    pub fn on_sample(&mut self, rtt: Duration) {
+        self.latest = Some(rtt);
+        match self.srtt {
+            None => {
+                self.srtt = Some(rtt);
+                self.rttvar = rtt / 2;
+            }
+            Some(srtt) => {
+                let diff = srtt.abs_diff(rtt);
+                self.rttvar = (self.rttvar * 3 + diff) / 4;
+                self.srtt = Some((srtt * 7 + rtt) / 8);
+            }
+        }
+    }
+
+    /// The smoothed round-trip time, once there is a sample.
+    pub fn smoothed(&self) -> Option<Duration> {
+        self.srtt
+    }
+
+    /// The most recent sample.
+    pub fn latest(&self) -> Option<Duration> {
+        self.latest
+    }
+
+    /// The round-trip variation (`RTTVAR`).
+    pub fn variation(&self) -> Duration {
+        self.rttvar
+    }
+
+    /// The retransmission timeout: `SRTT + 4·RTTVAR` clamped to `[min_rto, max_rto]`, or the
+    /// initial RTO (clamped the same way) before any sample.
+    pub fn rto(&self) -> Duration {
+        let raw = match self.srtt {
+            None => self.initial_rto,
+            Some(srtt) => srtt + self.rttvar * 4,
+        };
+        raw.clamp(self.min_rto, self.max_rto.max(self.min_rto))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn initial_then_samples() {
+        let mut e = RttEstimator::new(10 * MS, MS, 100 * MS);
+        assert_eq!(e.rto(), 10 * MS);
+        assert_eq!(e.smoothed(), None);
+        e.on_sample(4 * MS);
+        assert_eq!(e.smoothed(), Some(4 * MS));
+        assert_eq!(e.variation(), 2 * MS);
+        assert_eq!(e.rto(), 12 * MS);
+        // Steady samples shrink the variation towards zero.
+        for _ in 0..100 {
+            e.on_sample(4 * MS);
+        }
+        assert_eq!(e.smoothed(), Some(4 * MS));
+        assert!(e.rto() < 5 * MS && e.rto() >= 4 * MS);
+    }
+
+    #[test]
+    fn clamped() {
+        let mut e = RttEstimator::new(10 * MS, 2 * MS, 50 * MS);
+        e.on_sample(Duration::from_micros(10));
+        assert_eq!(e.rto(), 2 * MS);
+        e.on_sample(Duration::from_secs(10));
+        assert_eq!(e.rto(), 50 * MS);
+        let e = RttEstimator::new(Duration::ZERO, 2 * MS, 50 * MS);
+        assert_eq!(e.rto(), 2 * MS);
+    }
+
+    #[test]
+    fn jacobson_update() {
+        let mut e = RttEstimator::new(10 * MS, Duration::ZERO, Duration::MAX);
+        e.on_sample(8 * MS); // srtt 8, var 4
+        e.on_sample(16 * MS); // var = (12 + 8)/4 = 5, srtt = (56 + 16)/8 = 9
+        assert_eq!(e.variation(), 5 * MS);
+        assert_eq!(e.smoothed(), Some(9 * MS));
+        assert_eq!(e.rto(), 29 * MS);
+        assert_eq!(e.latest(), Some(16 * MS));
+    }
+}
