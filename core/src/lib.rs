@@ -17,6 +17,7 @@ pub mod error;
 pub mod frame;
 pub mod matching;
 pub mod protocol;
+pub mod reliability;
 pub(crate) mod runtime;
 pub mod stats;
 mod sync;

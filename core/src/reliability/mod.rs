@@ -73,10 +73,11 @@ pub struct LinkConfig {
     pub min_rto: Duration,
     /// Largest retransmission timeout (before backoff). Default 1 s.
     pub max_rto: Duration,
-    /// Backoff exponent cap: a timer runs at most `RTO × 2^max_backoff`. Default 6 (×64).
+    /// Backoff exponent cap: a timer runs at most `RTO × 2^max_backoff`. Default 8 (×256).
     pub max_backoff: u32,
     /// Timeouts in a row, without any ACK from the peer, after which the peer is declared dead.
-    /// Default 16 (with the other defaults and no RTT sample: about 6 s).
+    /// Default 16: with the other defaults, about 5 s of silence at the 2 ms minimum RTO and
+    /// about 26 s at the 10 ms initial RTO.
     pub retry_limit: u32,
     /// Send an ACK after this many in-order DATA packets. Default 2; 1 acknowledges every packet.
     pub ack_frequency: u32,
@@ -92,7 +93,7 @@ impl Default for LinkConfig {
             initial_rto: Duration::from_millis(10),
             min_rto: Duration::from_millis(2),
             max_rto: Duration::from_secs(1),
-            max_backoff: 6,
+            max_backoff: 8,
             retry_limit: 16,
             ack_frequency: 2,
             ack_delay: Duration::from_micros(500),
@@ -117,6 +118,9 @@ pub struct LinkStats {
     pub sent: u64,
     /// DATA packets sent again (NACK, loss detection or timeout).
     pub retransmitted: u64,
+    /// ACKs that showed a retransmission was not needed (the packet was only delayed); each
+    /// one widens the link's reordering allowance.
+    pub spurious_retransmissions: u64,
     /// Retransmission timer expiries.
     pub timeouts: u64,
     /// Payloads handed to the application.
@@ -171,7 +175,13 @@ pub struct ReliableLink {
     events: VecDeque<LinkEvent>,
     stats: LinkStats,
     dead: bool,
+    /// Reordering allowance, in quarters added to the loss delay; grows on each spurious
+    /// retransmission (up to [`MAX_REORDER_QUARTERS`]).
+    reorder_quarters: u32,
 }
+
+/// Cap of the reordering allowance: the loss delay grows to at most 4× its base.
+pub const MAX_REORDER_QUARTERS: u32 = 12;
 
 impl ReliableLink {
     /// The link from rank `local` to rank `peer` of the job `job_key`.
@@ -197,6 +207,7 @@ impl ReliableLink {
             events: VecDeque::new(),
             stats: LinkStats::default(),
             dead: false,
+            reorder_quarters: 0,
             config,
             job_key,
             local,
@@ -256,9 +267,16 @@ impl ReliableLink {
         self.unsent.push_back(payload);
     }
 
+    /// How long a packet sent before an acknowledged one may be out before it counts as lost:
+    /// `max(9/8·max(SRTT, latest RTT), SRTT + 4·RTTVAR)`, stretched by a quarter for each
+    /// spurious retransmission seen so far (up to 4×, as RACK's reordering window); the RTO
+    /// before any sample.
     fn loss_delay(&self) -> Duration {
         match (self.rtt.smoothed(), self.rtt.latest()) {
-            (Some(s), Some(l)) => s.max(l) * 9 / 8,
+            (Some(s), Some(l)) => {
+                let base = (s.max(l) * 9 / 8).max(s + self.rtt.variation() * 4);
+                base * (4 + self.reorder_quarters) / 4
+            }
             _ => self.rtt.rto(),
         }
     }
@@ -302,6 +320,14 @@ impl ReliableLink {
         let outcome = self.sent.on_ack(ack, now, self.loss_delay());
         if let Some(sample) = outcome.rtt_sample {
             self.rtt.on_sample(sample);
+        }
+        let spurious = outcome
+            .retransmission_acked_after
+            .zip(self.rtt.min())
+            .is_some_and(|(after, min)| after < min);
+        if spurious {
+            self.stats.spurious_retransmissions += 1;
+            self.reorder_quarters = (self.reorder_quarters + 1).min(MAX_REORDER_QUARTERS);
         }
         if let Some(nack) = ack.nack {
             self.stats.nacks_received += 1;
@@ -396,19 +422,20 @@ impl ReliableLink {
         Some(payload)
     }
 
-    /// When [`handle_timeout`](Self::handle_timeout) should be called next, if a timer runs.
+    /// When [`handle_timeout`](Self::handle_timeout) should be called next, if a timer runs: the
+    /// delayed ACK, the loss timer or the retransmission timer.
     pub fn poll_timeout(&self) -> Option<Instant> {
         let ack = self.ack.deadline.filter(|_| self.ack.pending > 0);
-        let retransmit = if self.dead {
-            None
+        let (retransmit, loss) = if self.dead {
+            (None, None)
         } else {
-            self.sent
-                .next_timeout(self.rtt.rto(), self.config.max_backoff)
+            (
+                self.sent
+                    .next_timeout(self.rtt.rto(), self.config.max_backoff),
+                self.sent.next_loss_time(self.loss_delay()),
+            )
         };
-        match (ack, retransmit) {
-            (Some(a), Some(r)) => Some(a.min(r)),
-            (a, r) => a.or(r),
-        }
+        [ack, retransmit, loss].into_iter().flatten().min()
     }
 
     /// Handles expired timers (an early call does nothing).
@@ -416,6 +443,7 @@ impl ReliableLink {
         if self.dead {
             return;
         }
+        self.sent.detect_lost(now, self.loss_delay());
         match self.sent.on_timeout(
             now,
             self.rtt.rto(),

@@ -178,8 +178,9 @@ pub enum PacketError {
     CrcMismatch {
         /// The DATA sequence number as read from the (possibly corrupt) header; `None` for ACKs.
         seq: Option<u64>,
-        /// The source rank as read from the (possibly corrupt) header.
-        source: u32,
+        /// The source rank as read from the (possibly corrupt) header (named `sender`: thiserror
+        /// reserves `source`).
+        sender: u32,
         /// CRC stored in the packet.
         stored: u32,
         /// CRC computed over the received bytes.
@@ -279,7 +280,10 @@ impl Packet {
             other => return Err(PacketError::UnknownKind(other)),
         };
         if b.len() < need {
-            return Err(PacketError::TooShort { need, have: b.len() });
+            return Err(PacketError::TooShort {
+                need,
+                have: b.len(),
+            });
         }
         let source = u32_at(b, 16);
         let seq = match kind {
@@ -306,7 +310,7 @@ impl Packet {
         if stored != computed {
             return Err(PacketError::CrcMismatch {
                 seq,
-                source,
+                sender: source,
                 stored,
                 computed,
             });
@@ -434,7 +438,11 @@ mod tests {
         *bad.last_mut().unwrap() ^= 0x40;
         assert!(matches!(
             Packet::decode(&Bytes::from(bad), 7),
-            Err(PacketError::CrcMismatch { seq: Some(9), source: 1, .. })
+            Err(PacketError::CrcMismatch {
+                seq: Some(9),
+                sender: 1,
+                ..
+            })
         ));
         assert_eq!(
             Packet::decode(&data(0, b"").encode(), 7),
@@ -444,12 +452,12 @@ mod tests {
 
     fn arb_packet() -> impl Strategy<Value = Packet> {
         let body = prop_oneof![
-            (any::<u64>(), proptest::collection::vec(any::<u8>(), 0..200)).prop_map(
-                |(seq, p)| PacketBody::Data {
+            (any::<u64>(), proptest::collection::vec(any::<u8>(), 0..200)).prop_map(|(seq, p)| {
+                PacketBody::Data {
                     seq: seq.max(1),
-                    payload: Bytes::from(p)
+                    payload: Bytes::from(p),
                 }
-            ),
+            }),
             (
                 any::<u64>(),
                 any::<u64>(),

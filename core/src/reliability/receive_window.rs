@@ -148,7 +148,10 @@ mod tests {
         assert_eq!(w.pop(), Some(b(3)));
         assert_eq!(w.pop(), Some(b(4)));
         let ack = w.ack_info(Some(7));
-        assert_eq!((ack.cumulative, ack.nack, ack.selective.len()), (4, Some(7), 0));
+        assert_eq!(
+            (ack.cumulative, ack.nack, ack.selective.len()),
+            (4, Some(7), 0)
+        );
         assert_eq!(ack.window_end, 5 + 8);
     }
 
@@ -176,6 +179,9 @@ mod tests {
         }
         let ack = w.ack_info(None);
         assert_eq!(ack.selective.len(), 4);
-        assert_eq!(ack.selective_seqs().collect::<Vec<_>>(), vec![3, 66, 67, 200]);
+        assert_eq!(
+            ack.selective_seqs().collect::<Vec<_>>(),
+            vec![3, 66, 67, 200]
+        );
     }
 }

@@ -5,9 +5,13 @@
 //! * **ACK**: a cumulative or selective acknowledgement removes the packet.
 //! * **NACK**: the receiver saw the packet corrupted: it is sent again at once, unless it was
 //!   (re)sent less than `nack_guard` ago (then the NACK answers an older copy).
-//! * **Loss detection** (as in QUIC): an ACK of a packet transmitted later proves the packet
-//!   lost if at least [`PACKET_THRESHOLD`] transmissions came after it, or if it was sent at least
-//!   the loss delay ago. It is sent again at once.
+//! * **Loss detection** (time-based, as in RACK and QUIC's time threshold): once a packet
+//!   transmitted after it was acknowledged, a packet is lost when it has been out for the loss
+//!   delay (the link uses `max(9/8·SRTT, SRTT + 4·RTTVAR)`, not clamped to the minimum RTO). It
+//!   is then sent again at once. Being time-based, this tolerates reordering within a burst:
+//!   packets sent at the same time never prove each other lost. A loss timer
+//!   ([`next_loss_time`](RetransmitQueue::next_loss_time)) fires when a packet reaches the delay
+//!   without a further ACK.
 //! * **Timeout**: only the oldest unacknowledged packet runs a timer, of `RTO × 2^retries` with
 //!   the exponent truncated at `max_backoff`. When it expires that packet alone is sent again (a
 //!   probe; its ACK then proves the others lost), and its retry count goes up. When the count
@@ -23,9 +27,6 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use super::packet::AckInfo;
-
-/// Transmissions after a packet that prove it lost once one of them is acknowledged.
-pub const PACKET_THRESHOLD: u64 = 3;
 
 /// A DATA packet waiting for its acknowledgement.
 #[derive(Clone, Debug)]
@@ -52,6 +53,10 @@ pub struct AckOutcome {
     /// Round-trip sample from the latest-sent newly acknowledged packet, if it was never
     /// retransmitted.
     pub rtt_sample: Option<Duration>,
+    /// Shortest time between the last transmission of a newly acknowledged, retransmitted packet
+    /// and this ACK. Shorter than the minimum RTT means the ACK was for an earlier copy: the
+    /// retransmission was spurious (the packet was only reordered).
+    pub retransmission_acked_after: Option<Duration>,
 }
 
 /// What a timeout did.
@@ -72,7 +77,8 @@ pub struct RetransmitQueue {
     /// Packets due to be sent again, by sequence number.
     due: BTreeSet<u64>,
     next_order: u64,
-    largest_acked_order: Option<u64>,
+    /// Latest send time of an acknowledged transmission.
+    largest_acked_sent: Option<Instant>,
 }
 
 impl RetransmitQueue {
@@ -131,6 +137,13 @@ impl RetransmitQueue {
             if let Some(p) = this.packets.remove(&seq) {
                 this.due.remove(&seq);
                 out.newly_acked += 1;
+                if p.retransmitted {
+                    let after = now.saturating_duration_since(p.last_sent);
+                    out.retransmission_acked_after = Some(
+                        out.retransmission_acked_after
+                            .map_or(after, |a| a.min(after)),
+                    );
+                }
                 if latest.as_ref().is_none_or(|l| p.order > l.order) {
                     latest = Some(p);
                 }
@@ -151,7 +164,10 @@ impl RetransmitQueue {
             if !p.retransmitted {
                 out.rtt_sample = Some(now.saturating_duration_since(p.last_sent));
             }
-            self.largest_acked_order = Some(self.largest_acked_order.unwrap_or(0).max(p.order));
+            self.largest_acked_sent = Some(
+                self.largest_acked_sent
+                    .map_or(p.last_sent, |t| t.max(p.last_sent)),
+            );
         }
         for p in self.packets.values_mut() {
             p.retries = 0;
@@ -160,18 +176,28 @@ impl RetransmitQueue {
         out
     }
 
-    fn detect_lost(&mut self, now: Instant, loss_delay: Duration) {
-        let Some(largest) = self.largest_acked_order else {
+    /// Marks as due every packet sent (strictly) before an acknowledged one and out for
+    /// `loss_delay`.
+    pub fn detect_lost(&mut self, now: Instant, loss_delay: Duration) {
+        let Some(largest) = self.largest_acked_sent else {
             return;
         };
         for (&seq, p) in &self.packets {
-            if p.order < largest
-                && (largest >= p.order + PACKET_THRESHOLD
-                    || now.saturating_duration_since(p.last_sent) >= loss_delay)
-            {
+            if p.last_sent < largest && now.saturating_duration_since(p.last_sent) >= loss_delay {
                 self.due.insert(seq);
             }
         }
+    }
+
+    /// When the next packet sent before an acknowledged one reaches `loss_delay` (then call
+    /// [`detect_lost`](Self::detect_lost)).
+    pub fn next_loss_time(&self, loss_delay: Duration) -> Option<Instant> {
+        let largest = self.largest_acked_sent?;
+        self.packets
+            .iter()
+            .filter(|(seq, p)| p.last_sent < largest && !self.due.contains(seq))
+            .map(|(_, p)| p.last_sent + loss_delay)
+            .min()
     }
 
     /// A NACK of `seq`: marks it due unless it was sent less than `nack_guard` ago. Returns
@@ -205,7 +231,10 @@ impl RetransmitQueue {
     ) -> TimeoutOutcome {
         match self.next_timeout(rto, max_backoff) {
             Some(t) if t <= now => {
-                let (&seq, p) = self.packets.first_key_value().expect("timer implies a packet");
+                let (&seq, p) = self
+                    .packets
+                    .first_key_value()
+                    .expect("timer implies a packet");
                 if p.retries >= retry_limit {
                     return TimeoutOutcome::Dead;
                 }
@@ -293,29 +322,50 @@ mod tests {
         // 3 was sent before 4 (order 3 < 4) but only one transmission later: not yet lost.
         assert!(!q.has_due());
         // A duplicate ACK removes nothing and samples nothing.
-        assert_eq!(q.on_ack(&ack(2, &[4]), t0 + 6 * MS, Duration::MAX), AckOutcome::default());
+        assert_eq!(
+            q.on_ack(&ack(2, &[4]), t0 + 6 * MS, Duration::MAX),
+            AckOutcome::default()
+        );
     }
 
     #[test]
-    fn loss_detection_by_packet_and_time_threshold() {
+    fn loss_detection_by_time_threshold() {
         let t0 = Instant::now();
-        let mut q = queue(t0, 6);
-        q.on_ack(&ack(0, &[5]), t0 + MS, Duration::MAX);
-        // 1 and 2 are ≥ 3 transmissions older than 5; 3 and 4 are not.
-        assert_eq!(q.pop_due(t0 + MS).map(|(s, _)| s), Some(1));
-        assert_eq!(q.pop_due(t0 + MS).map(|(s, _)| s), Some(2));
-        assert_eq!(q.pop_due(t0 + MS), None);
-        // With a short loss delay, 3 and 4 go too; 6 was sent after 5: not lost.
-        q.on_ack(&ack(0, &[5]), t0 + 10 * MS, 5 * MS);
-        assert_eq!(q.pop_due(t0 + 10 * MS).map(|(s, _)| s), Some(3));
-        assert_eq!(q.pop_due(t0 + 10 * MS).map(|(s, _)| s), Some(4));
-        assert_eq!(q.pop_due(t0 + 10 * MS), None);
-        // Retransmitted 1 is newer than 5 now: not lost again by the same ACK.
-        q.on_ack(&ack(0, &[5]), t0 + 11 * MS, 5 * MS);
+        let mut q = RetransmitQueue::new();
+        for s in 1..=3 {
+            q.on_sent(s, Bytes::new(), t0);
+        }
+        for s in 4..=6 {
+            q.on_sent(s, Bytes::new(), t0 + MS);
+        }
+        let delay = 5 * MS;
+        q.on_ack(&ack(0, &[5]), t0 + 2 * MS, delay);
+        // 1..4 were sent before 5 but are not out for the loss delay yet; 6 was sent after 5.
+        assert!(!q.has_due());
+        assert_eq!(q.next_loss_time(delay), Some(t0 + delay));
+        q.detect_lost(t0 + delay, delay);
+        assert_eq!(q.pop_due(t0 + delay).map(|(s, _)| s), Some(1));
+        assert_eq!(q.pop_due(t0 + delay).map(|(s, _)| s), Some(2));
+        assert_eq!(q.pop_due(t0 + delay).map(|(s, _)| s), Some(3));
+        assert_eq!(q.pop_due(t0 + delay), None);
+        // 4 went out together with 5: never proven lost by 5.
+        assert_eq!(q.next_loss_time(delay), None);
+        // Retransmitted 1..3 are newer than 5 now: not lost again by an ACK of 5.
+        q.on_ack(&ack(0, &[5]), t0 + 20 * MS, delay);
         assert!(!q.has_due());
         // The ACK of a retransmitted packet gives no sample (Karn).
-        let out = q.on_ack(&ack(1, &[]), t0 + 12 * MS, 5 * MS);
-        assert_eq!(out, AckOutcome { newly_acked: 1, rtt_sample: None });
+        let out = q.on_ack(&ack(1, &[]), t0 + 8 * MS, delay);
+        assert_eq!((out.newly_acked, out.rtt_sample), (1, None));
+        assert_eq!(out.retransmission_acked_after, Some(8 * MS - delay));
+    }
+
+    #[test]
+    fn same_instant_burst_is_never_lost_by_reordering() {
+        let t0 = Instant::now();
+        let mut q = queue(t0, 100);
+        q.on_ack(&ack(0, &[100]), t0 + 50 * MS, Duration::ZERO);
+        assert!(!q.has_due());
+        assert_eq!(q.next_loss_time(Duration::ZERO), None);
     }
 
     #[test]

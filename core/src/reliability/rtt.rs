@@ -11,6 +11,7 @@ pub struct RttEstimator {
     srtt: Option<Duration>,
     rttvar: Duration,
     latest: Option<Duration>,
+    min: Option<Duration>,
     initial_rto: Duration,
     min_rto: Duration,
     max_rto: Duration,
@@ -24,6 +25,7 @@ impl RttEstimator {
             srtt: None,
             rttvar: Duration::ZERO,
             latest: None,
+            min: None,
             initial_rto,
             min_rto,
             max_rto,
@@ -33,6 +35,7 @@ impl RttEstimator {
     /// Adds one round-trip sample.
     pub fn on_sample(&mut self, rtt: Duration) {
         self.latest = Some(rtt);
+        self.min = Some(self.min.map_or(rtt, |m| m.min(rtt)));
         match self.srtt {
             None => {
                 self.srtt = Some(rtt);
@@ -54,6 +57,11 @@ impl RttEstimator {
     /// The most recent sample.
     pub fn latest(&self) -> Option<Duration> {
         self.latest
+    }
+
+    /// The smallest sample.
+    pub fn min(&self) -> Option<Duration> {
+        self.min
     }
 
     /// The round-trip variation (`RTTVAR`).
@@ -115,5 +123,6 @@ mod tests {
         assert_eq!(e.smoothed(), Some(9 * MS));
         assert_eq!(e.rto(), 29 * MS);
         assert_eq!(e.latest(), Some(16 * MS));
+        assert_eq!(e.min(), Some(8 * MS));
     }
 }
