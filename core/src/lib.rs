@@ -18,6 +18,7 @@ pub mod frame;
 pub mod matching;
 pub mod protocol;
 pub mod reliability;
+pub mod rng;
 pub(crate) mod runtime;
 pub mod stats;
 mod sync;

@@ -33,6 +33,7 @@ use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use rankweave_core::frame::Frame;
+use rankweave_core::rng::SplitMix64;
 use rankweave_core::{Arrival, Capabilities, ChaosSpec, Transport, TransportError};
 
 use crate::sync::atomic::{AtomicUsize, Ordering};
@@ -167,8 +168,8 @@ impl<T: Transport> ChaosTransport<T> {
         let corrupt = st.rng.chance(self.spec.corrupt);
         let duplicate = st.rng.chance(self.spec.duplicate);
         let reorder = st.rng.chance(self.spec.reorder);
-        let position = st.rng.next();
-        let mask = (st.rng.next() % 255) as u8 + 1; // never 0: the byte always changes
+        let position = st.rng.next_u64();
+        let mask = (st.rng.next_u64() % 255) as u8 + 1; // never 0: the byte always changes
 
         if !self
             .spec
@@ -313,25 +314,6 @@ impl<T: Transport + fmt::Debug> fmt::Debug for ChaosTransport<T> {
             .field("held", &self.held())
             .field("stats", &self.stats())
             .finish()
-    }
-}
-
-/// SplitMix64: small, fast, and fine for deciding faults (any seed, including 0, works).
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// `true` with probability `p` (never for `p <= 0`, always for `p >= 1`).
-    fn chance(&mut self, p: f64) -> bool {
-        let u = (self.next() >> 11) as f64 * (1.0 / (1u64 << 53) as f64); // in [0, 1)
-        u < p
     }
 }
 

@@ -9,24 +9,8 @@ use super::*;
 const JOB: u64 = 0x05EE_D0F1_0B00_0001;
 const US: Duration = Duration::from_micros(1);
 
-/// splitmix64: small, seeded, deterministic.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn chance(&mut self, p: f64) -> bool {
-        ((self.next() >> 11) as f64 / (1u64 << 53) as f64) < p
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
+/// The simulations' seeded generator.
+type Rng = crate::rng::SplitMix64;
 
 #[derive(Clone, Copy, Default)]
 struct Faults {
@@ -90,7 +74,7 @@ impl Sim {
             start,
             now: start,
             links,
-            rng: Rng(seed),
+            rng: crate::rng::SplitMix64(seed),
             faults,
             delay: 20 * US,
             in_flight: Vec::new(),
