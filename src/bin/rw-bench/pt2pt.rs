@@ -75,11 +75,7 @@ pub async fn latency(comm: &Communicator, opts: &Options, out: &mut Reporter) ->
         }
         if me == 0 {
             let us = secs(total) * 1e6 / (2.0 * iters as f64);
-            out.row(Row {
-                size: Some(size),
-                values: vec![us],
-                iterations: None,
-            });
+            out.row(Row::sized(size, vec![us]));
         }
     }
     Ok(())
@@ -149,11 +145,7 @@ pub async fn bw(comm: &Communicator, opts: &Options, out: &mut Reporter) -> Resu
         }
         if me == 0 {
             let mb = size as f64 / 1e6 * iters as f64 * window as f64;
-            out.row(Row {
-                size: Some(size),
-                values: vec![mb / secs(total)],
-                iterations: None,
-            });
+            out.row(Row::sized(size, vec![mb / secs(total)]));
         }
     }
     Ok(())
@@ -205,11 +197,7 @@ pub async fn bibw(comm: &Communicator, opts: &Options, out: &mut Reporter) -> Re
         }
         if me == 0 {
             let mb = size as f64 / 1e6 * iters as f64 * window as f64 * 2.0;
-            out.row(Row {
-                size: Some(size),
-                values: vec![mb / secs(total)],
-                iterations: None,
-            });
+            out.row(Row::sized(size, vec![mb / secs(total)]));
         }
     }
     Ok(())
@@ -246,11 +234,7 @@ pub async fn mr(comm: &Communicator, opts: &Options, out: &mut Reporter) -> Resu
             let mb = size as f64 / 1e6 * pairs as f64 * iters as f64 * window as f64;
             let bw = mb / secs(total);
             let rate = 1e6 * bw / size as f64;
-            out.row(Row {
-                size: Some(size),
-                values: vec![bw, rate],
-                iterations: None,
-            });
+            out.row(Row::sized(size, vec![bw, rate]));
         }
     }
     Ok(())

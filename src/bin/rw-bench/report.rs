@@ -27,6 +27,15 @@ pub struct Row {
 }
 
 impl Row {
+    /// A row for `size` with `values` and no iteration column (every point-to-point test).
+    pub fn sized(size: usize, values: Vec<f64>) -> Row {
+        Row {
+            size: Some(size),
+            values,
+            iterations: None,
+        }
+    }
+
     pub fn format(&self) -> String {
         let mut line = String::new();
         let mut values = self.values.iter();
