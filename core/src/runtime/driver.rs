@@ -167,8 +167,8 @@ impl Driver {
             }
             self.flush(st, wake);
         }
+        // `run` flushes once more after its closure: nothing is left queued.
         st.arrivals = arrivals;
-        self.flush(st, wake);
     }
 
     /// Hands queued frames to the transport and turns events into wakers.
