@@ -10,6 +10,7 @@
 
 #![warn(missing_docs)]
 
+pub mod carrier;
 pub mod chaos;
 pub mod comm;
 pub mod config;
@@ -26,6 +27,7 @@ pub mod transport;
 pub mod types;
 pub mod wire;
 
+pub use carrier::{Carrier, Datagram};
 pub use chaos::ChaosSpec;
 pub use comm::{Communicator, ProbeOp, RecvIntoOp, RecvOp, SendOp};
 pub use config::{Config, ProgressPolicy, TransportKind};
