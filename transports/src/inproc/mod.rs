@@ -5,6 +5,7 @@
 //! the sender's buffer. The transport is reliable and ordered and has no frame size limit, so the
 //! message layer needs no reliability or fragmentation on top of it.
 
+pub mod carrier;
 mod mailbox;
 
 use std::sync::Arc;
@@ -15,6 +16,7 @@ use rankweave_core::{
     Arrival, Capabilities, Communicator, Config, Error, Transport, TransportError,
 };
 
+pub use carrier::{InprocCarrier, InprocCarrierFabric};
 pub use mailbox::Mailbox;
 
 /// The mailboxes of all ranks of one in-process job.
