@@ -1,30 +1,41 @@
-//! End-to-end reliability over an unreliable transport, as a sans-IO state machine per peer
-//! (LA-MPI's reliability layer; quinn-proto's style).
+//! End-to-end reliability over an unreliable transport with one or more routes, as a sans-IO
+//! state machine per peer (LA-MPI's reliability layer and path scheduler; quinn-proto's style).
 //!
 //! A [`ReliableLink`] sits between the message protocol and a transport that may lose,
-//! duplicate, reorder or corrupt packets (UDP). It never touches a socket or a clock: the caller
-//! passes the time in (`now: Instant`) and moves the [`Packet`]s.
+//! duplicate, reorder or corrupt packets (UDP), over one or more *routes* (say, one socket per
+//! network adapter; route `r` of this rank talks to route `r` of the peer). It never touches a
+//! socket or a clock: the caller passes the time in (`now: Instant`) and moves the [`Packet`]s,
+//! each on the route the link names.
 //!
-//! * [`packet`]: the link packet (DATA with a 64-bit sequence number, ACK with cumulative and
-//!   selective information and an optional NACK), CRC32C over header and payload, the codec.
+//! * [`packet`]: the link packet (DATA with a 64-bit sequence number and a piggybacked ACK, ACK
+//!   with cumulative and selective information and an optional NACK, RAW for reliability off,
+//!   PING/PONG route probes), CRC32C, the codec and the gather-friendly header writer.
 //! * [`rtt`]: [`RttEstimator`], smoothed round-trip time and the retransmission timeout.
-//! * [`retransmit`]: [`RetransmitQueue`], unacknowledged packets and the rules that send them
-//!   again (NACK, loss detection from later ACKs, timeout with truncated exponential backoff).
+//! * [`retransmit`]: [`RetransmitQueue`], unacknowledged packets (with the route each was last
+//!   sent on) and the rules that send them again (NACK, loss detection from later ACKs, timeout
+//!   with truncated exponential backoff, rebinding off a dead route).
 //! * [`receive_window`]: [`ReceiveWindow`], duplicate suppression, reordering, in-order delivery.
+//! * [`paths`]: [`PathScheduler`], the routes: which are Up, which carries each packet
+//!   (striping), strikes, failover, probing and fail-back, per-route counters.
 //!
 //! # Driving a link
 //!
 //! ```text
-//! app:        link.send(now, payload)                 link.poll_deliver() -> payload
-//! arrivals:   Packet::decode(bytes, key) -> Ok(p)  => link.handle_packet(now, p)
-//!                                        -> Err(CrcMismatch { seq, .. }) => link.handle_corrupt(now, seq)
-//! outgoing:   while let Some(p) = link.poll_transmit(now) { transport.send(p.encode()) }
+//! app:        link.send(now, payload)                       link.poll_deliver() -> payload
+//! arrivals:   Packet::decode(bytes, key) -> Ok(p)         => link.handle_packet(now, route, p)
+//!                                        -> Err(CrcMismatch { seq, .. }) => link.handle_corrupt(now, route, seq)
+//! outgoing:   while let Some(t) = link.poll_transmit(now) {
+//!                 t.packet.write_header(&mut header);        // reused buffer
+//!                 carrier.send(t.route, peer, &[&header, t.packet.payload().map_or(&[], |p| p)])
+//!             }
 //! timer:      at link.poll_timeout() => link.handle_timeout(now)
-//! events:     link.poll_event() -> LinkEvent::PeerDead
+//! events:     link.poll_event() -> LinkEvent::{PeerDead, RouteDown, RouteUp}
 //! ```
 //!
 //! After every `handle_*` and `send` call, drain [`poll_transmit`](ReliableLink::poll_transmit)
-//! and re-arm the timer from [`poll_timeout`](ReliableLink::poll_timeout).
+//! and re-arm the timer from [`poll_timeout`](ReliableLink::poll_timeout). The payload is never
+//! copied: [`Packet::write_header`] writes the header (its CRC covering the payload) and the
+//! payload follows it from its own buffer.
 //!
 //! # Rules
 //!
@@ -39,11 +50,45 @@
 //!   first, and at once after an out-of-order packet, a duplicate, a packet beyond the window or
 //!   a corrupted packet (which it NACKs). An ACK carries the highest in-order sequence number,
 //!   a bitmap of those received beyond it, and the window end.
+//! * **Piggybacking.** Every DATA packet carries the sender's current cumulative ACK and window
+//!   end for the reverse direction, and the receiver processes them as a cumulative ACK. A DATA
+//!   packet going out therefore satisfies a pending *delayed* ACK (and a window update): in a
+//!   ping-pong, or any traffic flowing both ways, no standalone ACKs are sent. An *immediate*
+//!   ACK (after an out-of-order packet, a duplicate, a packet beyond the window, or carrying a
+//!   NACK) still goes as a standalone ACK, since only it carries the selective bitmap and the
+//!   NACK.
 //! * **Retransmission**: see [`retransmit`]. The peer is declared dead
 //!   ([`LinkEvent::PeerDead`]) when the oldest packet timed out
-//!   [`retry_limit`](LinkConfig::retry_limit) times in a row without any ACK from the peer.
+//!   [`retry_limit`](LinkConfig::retry_limit) times in a row without any ACK (standalone or
+//!   piggybacked) from the peer. Retransmissions go on an Up route, preferring one other than
+//!   the route that lost the packet.
+//! * **Routes** (details in [`paths`]). Each route is Up or Down; the lowest Up route is the
+//!   *primary*.
+//!   * *Striping.* A payload of at most [`stripe_threshold`](LinkConfig::stripe_threshold)
+//!     bytes goes on the primary route; a larger one goes on the Up route with the earliest
+//!     expected completion, `(bytes in flight on r + len) / throughput(r)`, the throughput being
+//!     measured from the bytes acknowledged on each route. Large transfers are thus spread over
+//!     all Up routes in proportion to their speed; the receiver reorders as usual.
+//!   * *Failover.* A loss on a route (the retransmission timer expiring for a packet last sent
+//!     on it, or loss detection finding a packet lost with nothing sent later on that route
+//!     acknowledged) is a strike against it; an ACK of a packet sent only on that route clears
+//!     its strikes. At [`route_strikes`](LinkConfig::route_strikes) strikes the route goes Down
+//!     ([`LinkEvent::RouteDown`]) and every unacknowledged packet last sent on it is sent again
+//!     at once on the remaining Up routes (rebinding). If every route is Down, the link keeps
+//!     sending on all of them in turn: while any route delivers, every message arrives, and the
+//!     peer is declared dead only when all are silent.
+//!   * *Probing and fail-back.* A Down route is probed with a PING every
+//!     [`probe_interval`](LinkConfig::probe_interval); the peer answers each PING with a PONG on
+//!     the route it arrived on. A PONG of a nonce sent on that route, arriving on that route,
+//!     brings it Up again ([`LinkEvent::RouteUp`]) and it carries traffic at once. Probing goes
+//!     on while the link is idle, and stops when the peer is declared dead.
+//!   * *ACK route.* Standalone ACKs go on the route the latest DATA arrived on if that route is
+//!     Up, else on the primary. PONGs go on the route of their PING.
+//! * **Raw packets.** [`PacketBody::Raw`] is for transports with reliability off; a link drops
+//!   and counts any it is handed ([`LinkStats::raw_dropped`]).
 
 pub mod packet;
+pub mod paths;
 pub mod receive_window;
 pub mod retransmit;
 pub mod rtt;
@@ -56,8 +101,9 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 pub use packet::{AckInfo, Packet, PacketBody, PacketError};
+pub use paths::{PathScheduler, RouteChange, RouteStats};
 pub use receive_window::{Arrival, ReceiveWindow};
-pub use retransmit::{RetransmitQueue, TimeoutOutcome};
+pub use retransmit::{QueueEvent, RetransmitQueue, TimeoutOutcome};
 pub use rtt::RttEstimator;
 
 /// Settings of a [`ReliableLink`].
@@ -84,7 +130,19 @@ pub struct LinkConfig {
     /// Send an ACK at the latest this long after an unacknowledged DATA packet arrived.
     /// Default 500 µs.
     pub ack_delay: Duration,
+    /// Payloads of at most this many bytes go on the primary route only; larger ones are striped
+    /// across all Up routes. Default 8 KiB.
+    pub stripe_threshold: usize,
+    /// Consecutive strikes (losses) against a route after which it is marked Down. Default 3;
+    /// at least 1.
+    pub route_strikes: u32,
+    /// How often a Down route is probed with a PING. Default 50 ms; at least
+    /// [`MIN_PROBE_INTERVAL`].
+    pub probe_interval: Duration,
 }
+
+/// Shortest [`LinkConfig::probe_interval`] a link uses.
+pub const MIN_PROBE_INTERVAL: Duration = Duration::from_micros(100);
 
 impl Default for LinkConfig {
     fn default() -> Self {
@@ -97,26 +155,54 @@ impl Default for LinkConfig {
             retry_limit: 16,
             ack_frequency: 2,
             ack_delay: Duration::from_micros(500),
+            stripe_threshold: 8 * 1024,
+            route_strikes: 3,
+            probe_interval: Duration::from_millis(50),
         }
     }
+}
+
+/// A packet to send, and the route to send it on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Transmit {
+    /// The route (`0..routes`).
+    pub route: usize,
+    /// The packet: send [`Packet::write_header`] followed by [`Packet::payload`].
+    pub packet: Packet,
 }
 
 /// What a link reports.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LinkEvent {
-    /// The peer stopped answering: retry limit reached. The link sends no more DATA.
+    /// The peer stopped answering on every route: retry limit reached. The link sends no more
+    /// DATA and no more probes.
     PeerDead {
         /// The peer's rank.
         rank: u32,
     },
+    /// A route to the peer was marked Down (its packets were moved to the other routes, and it
+    /// is probed).
+    RouteDown {
+        /// The peer's rank.
+        rank: u32,
+        /// The route.
+        route: usize,
+    },
+    /// A probe brought a Down route back Up; it carries traffic again.
+    RouteUp {
+        /// The peer's rank.
+        rank: u32,
+        /// The route.
+        route: usize,
+    },
 }
 
-/// Counters of one link.
+/// Counters of one link (per-route ones: [`ReliableLink::route_stats`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LinkStats {
     /// DATA packets sent for the first time.
     pub sent: u64,
-    /// DATA packets sent again (NACK, loss detection or timeout).
+    /// DATA packets sent again (NACK, loss detection, timeout or rebinding).
     pub retransmitted: u64,
     /// ACKs that showed a retransmission was not needed (the packet was only delayed); each
     /// one widens the link's reordering allowance.
@@ -135,12 +221,25 @@ pub struct LinkStats {
     pub nacks_sent: u64,
     /// NACKs received.
     pub nacks_received: u64,
-    /// ACK packets sent.
+    /// Standalone ACK packets sent.
     pub acks_sent: u64,
-    /// ACK packets received.
+    /// Standalone ACK packets received.
     pub acks_received: u64,
+    /// DATA packets sent that carried a pending delayed ACK (or window update), saving a
+    /// standalone ACK.
+    pub acks_piggybacked: u64,
     /// Packets dropped because their source or destination rank is not this link's.
     pub misaddressed_dropped: u64,
+    /// Packets dropped because they were reported on a route the link does not have.
+    pub misrouted_dropped: u64,
+    /// RAW packets dropped (the peer runs with reliability off).
+    pub raw_dropped: u64,
+    /// PINGs sent (probes of Down routes).
+    pub pings_sent: u64,
+    /// PONGs sent (answers to the peer's PINGs).
+    pub pongs_sent: u64,
+    /// PONGs received.
+    pub pongs_received: u64,
 }
 
 /// When to acknowledge.
@@ -150,15 +249,34 @@ struct AckState {
     pending: u32,
     /// Latest time for the next ACK, while `pending > 0`.
     deadline: Option<Instant>,
-    /// Acknowledge at the next poll.
+    /// A standalone ACK (selective information or NACK) is needed at the next poll.
     immediate: bool,
+    /// The window reopened: tell the sender at the next poll (a DATA packet does too).
+    window_update: bool,
     /// Sequence number to NACK in the next ACK.
     nack: Option<u64>,
-    /// The window end in the last ACK sent.
+    /// The window end in the last ACK (standalone or piggybacked) sent.
     advertised_end: u64,
 }
 
-/// The reliable link from this rank to one peer (see the [module docs](self)).
+impl AckState {
+    fn new(advertised_end: u64) -> Self {
+        Self {
+            pending: 0,
+            deadline: None,
+            immediate: false,
+            window_update: false,
+            nack: None,
+            advertised_end,
+        }
+    }
+}
+
+/// Most PONGs waiting to be sent; PINGs beyond it are not answered (the peer pings again).
+pub const MAX_PENDING_PONGS: usize = 64;
+
+/// The reliable link from this rank to one peer, over one or more routes (see the
+/// [module docs](self)).
 #[derive(Debug)]
 pub struct ReliableLink {
     config: LinkConfig,
@@ -168,46 +286,62 @@ pub struct ReliableLink {
     rtt: RttEstimator,
     sent: RetransmitQueue,
     received: ReceiveWindow,
+    paths: PathScheduler,
     unsent: VecDeque<Bytes>,
     next_seq: u64,
     peer_window_end: u64,
     ack: AckState,
+    /// The route the latest DATA arrived on.
+    last_data_route: Option<usize>,
+    /// PONGs to send: route and nonce.
+    pongs: VecDeque<(usize, u64)>,
     events: VecDeque<LinkEvent>,
     stats: LinkStats,
     dead: bool,
     /// Reordering allowance, in quarters added to the loss delay; grows on each spurious
     /// retransmission (up to [`MAX_REORDER_QUARTERS`]).
     reorder_quarters: u32,
+    /// Loss delay per route (scratch, refreshed before each use).
+    loss_delays: Vec<Duration>,
 }
 
 /// Cap of the reordering allowance: the loss delay grows to at most 4× its base.
 pub const MAX_REORDER_QUARTERS: u32 = 12;
 
 impl ReliableLink {
-    /// The link from rank `local` to rank `peer` of the job `job_key`.
-    pub fn new(config: LinkConfig, job_key: u64, local: u32, peer: u32) -> Self {
-        let window = config.window.clamp(1, 65536);
-        let config = LinkConfig { window, ..config };
-        let received = ReceiveWindow::new(u64::from(window));
+    /// The link from rank `local` to rank `peer` of the job `job_key`, over `routes` routes
+    /// (at least 1; numbered `0..routes`).
+    pub fn new(config: LinkConfig, job_key: u64, local: u32, peer: u32, routes: usize) -> Self {
+        let config = LinkConfig {
+            window: config.window.clamp(1, 65536),
+            route_strikes: config.route_strikes.max(1),
+            probe_interval: config.probe_interval.max(MIN_PROBE_INTERVAL),
+            ..config
+        };
+        let received = ReceiveWindow::new(u64::from(config.window));
         let initial_end = received.window_end();
         Self {
-            rtt: RttEstimator::new(config.initial_rto, config.min_rto, config.max_rto),
+            rtt: RttEstimator::new(config.initial_rto, config.min_rto, config.max_rto)
+                .with_max_ack_delay(config.ack_delay),
             sent: RetransmitQueue::new(),
             received,
+            paths: PathScheduler::new(
+                routes,
+                config.stripe_threshold,
+                config.route_strikes,
+                config.probe_interval,
+            ),
             unsent: VecDeque::new(),
             next_seq: 1,
             peer_window_end: initial_end,
-            ack: AckState {
-                pending: 0,
-                deadline: None,
-                immediate: false,
-                nack: None,
-                advertised_end: initial_end,
-            },
+            ack: AckState::new(initial_end),
+            last_data_route: None,
+            pongs: VecDeque::new(),
             events: VecDeque::new(),
             stats: LinkStats::default(),
             dead: false,
             reorder_quarters: 0,
+            loss_delays: Vec::new(),
             config,
             job_key,
             local,
@@ -215,7 +349,7 @@ impl ReliableLink {
         }
     }
 
-    /// The link's settings (window clamped).
+    /// The link's settings (window, strikes and probe interval clamped).
     pub fn config(&self) -> &LinkConfig {
         &self.config
     }
@@ -225,9 +359,24 @@ impl ReliableLink {
         self.peer
     }
 
+    /// Number of routes.
+    pub fn routes(&self) -> usize {
+        self.paths.len()
+    }
+
     /// The link's counters.
     pub fn stats(&self) -> LinkStats {
         self.stats
+    }
+
+    /// Counters and state of each route, indexed by route.
+    pub fn route_stats(&self) -> &[RouteStats] {
+        self.paths.stats()
+    }
+
+    /// The route scheduler (which routes are Up, the primary, ...).
+    pub fn paths(&self) -> &PathScheduler {
+        &self.paths
     }
 
     /// The round-trip estimate.
@@ -267,29 +416,78 @@ impl ReliableLink {
         self.unsent.push_back(payload);
     }
 
-    /// How long a packet sent before an acknowledged one may be out before it counts as lost:
-    /// `max(9/8·max(SRTT, latest RTT), SRTT + 4·RTTVAR)`, stretched by a quarter for each
+    /// How long a packet sent before an acknowledged one may be out before it counts as lost,
+    /// from the link's blended RTT: [`RttEstimator::loss_delay`] stretched by a quarter for each
     /// spurious retransmission seen so far (up to 4×, as RACK's reordering window); the RTO
-    /// before any sample.
+    /// before any sample. Packets on a route with round-trip samples of its own use that route's
+    /// delay instead ([`PathScheduler::loss_delay`]).
     fn loss_delay(&self) -> Duration {
-        match (self.rtt.smoothed(), self.rtt.latest()) {
-            (Some(s), Some(l)) => {
-                let base = (s.max(l) * 9 / 8).max(s + self.rtt.variation() * 4);
-                base * (4 + self.reorder_quarters) / 4
-            }
-            _ => self.rtt.rto(),
+        self.rtt
+            .loss_delay(self.reorder_quarters)
+            .unwrap_or(self.rtt.rto())
+    }
+
+    /// The loss delay of each route, into `self.loss_delays`.
+    fn update_loss_delays(&mut self) {
+        let fallback = self.loss_delay();
+        self.loss_delays.clear();
+        for r in 0..self.paths.len() {
+            let delay = self.paths.loss_delay(r, self.reorder_quarters);
+            self.loss_delays.push(delay.unwrap_or(fallback));
         }
     }
 
-    /// Handles a packet that decoded (CRC and job key checked).
-    pub fn handle_packet(&mut self, now: Instant, packet: Packet) {
+    /// How far apart strikes against one route count: the smoothed RTT (the RTO before any
+    /// sample).
+    fn strike_spacing(&self) -> Duration {
+        self.rtt.smoothed().unwrap_or(self.rtt.rto())
+    }
+
+    /// Handles a packet that decoded (CRC and job key checked) and arrived on `route`.
+    pub fn handle_packet(&mut self, now: Instant, route: usize, packet: Packet) {
+        if route >= self.paths.len() {
+            self.stats.misrouted_dropped += 1;
+            return;
+        }
         if packet.source != self.peer || packet.destination != self.local {
             self.stats.misaddressed_dropped += 1;
             return;
         }
+        self.paths.on_received(route, packet.encoded_len());
         match packet.body {
-            PacketBody::Data { seq, payload } => self.on_data(now, seq, payload),
-            PacketBody::Ack(ack) => self.on_ack(now, &ack),
+            PacketBody::Data {
+                seq,
+                ack,
+                window_end,
+                payload,
+            } => {
+                self.last_data_route = Some(route);
+                self.on_data(now, seq, payload);
+                let piggybacked = AckInfo {
+                    cumulative: ack,
+                    window_end,
+                    selective: Vec::new(),
+                    nack: None,
+                };
+                self.on_ack(now, &piggybacked);
+            }
+            PacketBody::Ack(ack) => {
+                self.stats.acks_received += 1;
+                self.on_ack(now, &ack);
+            }
+            PacketBody::Raw { .. } => self.stats.raw_dropped += 1,
+            PacketBody::Ping { nonce } => {
+                if self.pongs.len() < MAX_PENDING_PONGS {
+                    self.pongs.push_back((route, nonce));
+                }
+            }
+            PacketBody::Pong { nonce } => {
+                self.stats.pongs_received += 1;
+                if !self.dead {
+                    self.paths.on_pong(route, nonce);
+                    self.take_route_changes();
+                }
+            }
         }
     }
 
@@ -314,10 +512,25 @@ impl ReliableLink {
         }
     }
 
+    /// Acknowledgement information from the peer, standalone or piggybacked.
     fn on_ack(&mut self, now: Instant, ack: &AckInfo) {
-        self.stats.acks_received += 1;
         self.peer_window_end = self.peer_window_end.max(ack.window_end);
-        let outcome = self.sent.on_ack(ack, now, self.loss_delay());
+        self.update_loss_delays();
+        let rate_interval = self.rtt.smoothed().unwrap_or(self.rtt.rto());
+        let (paths, delays) = (&mut self.paths, &self.loss_delays);
+        let outcome = self.sent.on_ack_with(
+            ack,
+            now,
+            |p| delays.get(p.route).copied().unwrap_or_default(),
+            |event| match event {
+                QueueEvent::Acked(p) => paths.on_acked(p, now, rate_interval),
+                QueueEvent::Lost(p) => paths.on_lost(p),
+            },
+        );
+        if !self.dead {
+            self.paths.end_pass(now, self.strike_spacing());
+            self.take_route_changes();
+        }
         if let Some(sample) = outcome.rtt_sample {
             self.rtt.on_sample(sample);
         }
@@ -337,11 +550,36 @@ impl ReliableLink {
         }
     }
 
-    /// Handles a packet that failed its CRC check: `seq` is the DATA sequence number its header
-    /// claims (`None` if it was an ACK or the header did not parse). The packet is NACKed if that
-    /// number is plausible (in the window, not yet received); it is always counted.
-    pub fn handle_corrupt(&mut self, _now: Instant, seq: Option<u64>) {
+    /// Turns the scheduler's route changes into events, rebinding the packets of a route that
+    /// went Down when another route is Up.
+    fn take_route_changes(&mut self) {
+        while let Some(change) = self.paths.poll_change() {
+            let event = match change {
+                RouteChange::Down(route) => {
+                    if self.paths.up_count() > 0 {
+                        self.sent.mark_route_due(route);
+                    }
+                    LinkEvent::RouteDown {
+                        rank: self.peer,
+                        route,
+                    }
+                }
+                RouteChange::Up(route) => LinkEvent::RouteUp {
+                    rank: self.peer,
+                    route,
+                },
+            };
+            self.events.push_back(event);
+        }
+    }
+
+    /// Handles a packet that arrived on `route` and failed its CRC check: `seq` is the DATA
+    /// sequence number its header claims (`None` if it was another kind or the header did not
+    /// parse). The packet is NACKed if that number is plausible (in the window, not yet
+    /// received); it is always counted.
+    pub fn handle_corrupt(&mut self, _now: Instant, route: usize, seq: Option<u64>) {
         self.stats.crc_failures += 1;
+        self.paths.on_corrupt(route);
         if let Some(seq) = seq {
             if !self.received.has_received(seq) && seq < self.received.window_end() {
                 self.ack.nack = Some(seq);
@@ -350,57 +588,99 @@ impl ReliableLink {
         }
     }
 
-    fn ack_due(&self, now: Instant) -> bool {
-        self.ack.immediate
+    fn delayed_ack_due(&self, now: Instant) -> bool {
+        self.ack.window_update
             || self.ack.pending >= self.config.ack_frequency.max(1)
             || self.ack.deadline.is_some_and(|d| d <= now)
     }
 
-    fn packet(&self, body: PacketBody) -> Packet {
-        Packet {
+    fn transmit(&mut self, route: usize, body: PacketBody) -> Transmit {
+        let packet = Packet {
             job_key: self.job_key,
             source: self.local,
             destination: self.peer,
             body,
-        }
+        };
+        self.paths.on_transmit(route, packet.encoded_len());
+        Transmit { route, packet }
     }
 
-    /// The next packet to send now, if any: a due ACK first, then retransmissions, then new DATA
-    /// within the window.
-    pub fn poll_transmit(&mut self, now: Instant) -> Option<Packet> {
-        if self.ack_due(now) {
-            let nack = self.ack.nack.take();
-            let info = self.received.ack_info(nack);
-            self.ack = AckState {
-                pending: 0,
-                deadline: None,
-                immediate: false,
-                nack: None,
-                advertised_end: info.window_end,
-            };
-            self.stats.acks_sent += 1;
-            if nack.is_some() {
-                self.stats.nacks_sent += 1;
+    fn standalone_ack(&mut self) -> Transmit {
+        let nack = self.ack.nack.take();
+        let info = self.received.ack_info(nack);
+        self.ack = AckState::new(info.window_end);
+        self.stats.acks_sent += 1;
+        if nack.is_some() {
+            self.stats.nacks_sent += 1;
+        }
+        let route = self.paths.ack_route(self.last_data_route);
+        self.transmit(route, PacketBody::Ack(info))
+    }
+
+    /// A DATA packet with the current acknowledgement piggybacked; it satisfies a pending
+    /// delayed ACK.
+    fn data(&mut self, route: usize, seq: u64, payload: Bytes) -> Transmit {
+        let window_end = self.received.window_end();
+        if self.ack.pending > 0 || self.ack.window_update {
+            self.stats.acks_piggybacked += 1;
+        }
+        self.ack.pending = 0;
+        self.ack.deadline = None;
+        self.ack.window_update = false;
+        self.ack.advertised_end = window_end;
+        let body = PacketBody::Data {
+            seq,
+            ack: self.received.next_expected() - 1,
+            window_end,
+            payload,
+        };
+        self.transmit(route, body)
+    }
+
+    /// The next packet to send now, and its route, if any: PONGs and PINGs first, then an
+    /// immediate ACK, retransmissions, new DATA within the window (each carrying the current
+    /// ACK), and last a delayed ACK that no DATA carried.
+    pub fn poll_transmit(&mut self, now: Instant) -> Option<Transmit> {
+        if let Some((route, nonce)) = self.pongs.pop_front() {
+            self.stats.pongs_sent += 1;
+            return Some(self.transmit(route, PacketBody::Pong { nonce }));
+        }
+        if !self.dead {
+            if let Some((route, nonce)) = self.paths.take_probe() {
+                self.stats.pings_sent += 1;
+                return Some(self.transmit(route, PacketBody::Ping { nonce }));
             }
-            return Some(self.packet(PacketBody::Ack(info)));
         }
-        if self.dead {
-            return None;
+        if self.ack.immediate {
+            return Some(self.standalone_ack());
         }
-        if let Some((seq, payload)) = self.sent.pop_due(now) {
-            self.stats.retransmitted += 1;
-            return Some(self.packet(PacketBody::Data { seq, payload }));
-        }
-        let window_open = self.sent.len() < self.config.window as usize
-            && (self.next_seq < self.peer_window_end || self.sent.is_empty());
-        if window_open {
-            if let Some(payload) = self.unsent.pop_front() {
-                let seq = self.next_seq;
-                self.next_seq += 1;
-                self.sent.on_sent(seq, payload.clone(), now);
-                self.stats.sent += 1;
-                return Some(self.packet(PacketBody::Data { seq, payload }));
+        if !self.dead {
+            let paths = &self.paths;
+            let resend = self
+                .sent
+                .pop_due(now, |p| paths.pick_retransmit(p.payload.len(), p.route));
+            if let Some(r) = resend {
+                self.stats.retransmitted += 1;
+                self.paths
+                    .on_resent(r.previous_route, r.route, r.payload.len());
+                return Some(self.data(r.route, r.seq, r.payload));
             }
+            let window_open = self.sent.len() < self.config.window as usize
+                && (self.next_seq < self.peer_window_end || self.sent.is_empty());
+            if window_open {
+                if let Some(payload) = self.unsent.pop_front() {
+                    let seq = self.next_seq;
+                    self.next_seq += 1;
+                    let route = self.paths.pick_new(payload.len());
+                    self.sent.on_sent(seq, payload.clone(), now, route);
+                    self.paths.on_data_sent(route, payload.len());
+                    self.stats.sent += 1;
+                    return Some(self.data(route, seq, payload));
+                }
+            }
+        }
+        if self.delayed_ack_due(now) {
+            return Some(self.standalone_ack());
         }
         None
     }
@@ -417,25 +697,30 @@ impl ReliableLink {
             .advertised_end
             .saturating_sub(self.received.next_expected());
         if room_left < window / 2 && end >= self.ack.advertised_end + (window / 4).max(1) {
-            self.ack.immediate = true;
+            self.ack.window_update = true;
         }
         Some(payload)
     }
 
     /// When [`handle_timeout`](Self::handle_timeout) should be called next, if a timer runs: the
-    /// delayed ACK, the loss timer or the retransmission timer.
+    /// delayed ACK, the loss timer, the retransmission timer or the next probe of a Down route.
     pub fn poll_timeout(&self) -> Option<Instant> {
         let ack = self.ack.deadline.filter(|_| self.ack.pending > 0);
-        let (retransmit, loss) = if self.dead {
-            (None, None)
+        let (retransmit, loss, probe) = if self.dead {
+            (None, None, None)
         } else {
             (
                 self.sent
                     .next_timeout(self.rtt.rto(), self.config.max_backoff),
-                self.sent.next_loss_time(self.loss_delay()),
+                self.sent.next_loss_time_with(|p| {
+                    self.paths
+                        .loss_delay(p.route, self.reorder_quarters)
+                        .unwrap_or_else(|| self.loss_delay())
+                }),
+                self.paths.poll_timeout(),
             )
         };
-        [ack, retransmit, loss].into_iter().flatten().min()
+        [ack, retransmit, loss, probe].into_iter().flatten().min()
     }
 
     /// Handles expired timers (an early call does nothing).
@@ -443,7 +728,17 @@ impl ReliableLink {
         if self.dead {
             return;
         }
-        self.sent.detect_lost(now, self.loss_delay());
+        self.update_loss_delays();
+        let (paths, delays) = (&mut self.paths, &self.loss_delays);
+        self.sent.detect_lost_with(
+            now,
+            |p| delays.get(p.route).copied().unwrap_or_default(),
+            |event| {
+                if let QueueEvent::Lost(p) = event {
+                    paths.on_lost(p);
+                }
+            },
+        );
         match self.sent.on_timeout(
             now,
             self.rtt.rto(),
@@ -451,13 +746,22 @@ impl ReliableLink {
             self.config.retry_limit,
         ) {
             TimeoutOutcome::None => {}
-            TimeoutOutcome::Retransmit(_) => self.stats.timeouts += 1,
+            TimeoutOutcome::Retransmit(seq) => {
+                self.stats.timeouts += 1;
+                if let Some(p) = self.sent.get(seq) {
+                    self.paths.on_timer_expired(p.route);
+                }
+            }
             TimeoutOutcome::Dead => {
                 self.dead = true;
                 self.events
                     .push_back(LinkEvent::PeerDead { rank: self.peer });
+                return;
             }
         }
+        self.paths.end_pass(now, self.strike_spacing());
+        self.paths.on_timeout(now);
+        self.take_route_changes();
     }
 
     /// The next event, if any.

@@ -1,31 +1,47 @@
 //! The link packet: what the reliability layer puts on an unreliable transport, and its codec.
 //!
-//! A packet is either **DATA** (one sequence-numbered payload, normally an encoded
-//! [`Frame`](crate::frame::Frame)) or an **ACK** (what the receiver has: cumulative and selective
-//! acknowledgement, the end of its receive window, and optionally a NACK of one sequence number
-//! whose packet arrived corrupted). Sequence numbers start at 1; `0` means "none".
+//! Five kinds:
 //!
-//! # Layout (link format version 1)
+//! * **DATA**: one sequence-numbered payload (normally an encoded
+//!   [`Frame`](crate::frame::Frame)), plus a *piggybacked* acknowledgement of the reverse
+//!   direction (the sender's cumulative ACK and receive-window end), so that traffic flowing both
+//!   ways needs no standalone ACKs.
+//! * **ACK**: what the receiver has: cumulative and selective acknowledgement, the end of its
+//!   receive window, and optionally a NACK of one sequence number whose packet arrived corrupted.
+//! * **RAW**: one payload *without* reliability: no sequence number, no acknowledgement, and the
+//!   CRC covers the header only (the payload is left to the layer above, or trusted). It is what a
+//!   transport sends when reliability is switched off (`RANKWEAVE_RELIABILITY=off`); a
+//!   [`ReliableLink`](super::ReliableLink) never produces one and drops those it is handed.
+//! * **PING** / **PONG**: a route probe and its answer, carrying a nonce. A link pings a route it
+//!   marked down; the peer answers on the route the PING arrived on.
 //!
-//! All integers are little-endian and unaligned; there is no padding. The common header:
+//! Sequence numbers start at 1; `0` means "none".
+//!
+//! # Layout (link format version 2)
+//!
+//! All integers are little-endian and unaligned. The common header:
 //!
 //! | Offset | Size | Field         | Meaning                                                                  |
 //! |--------|------|---------------|--------------------------------------------------------------------------|
 //! | 0      | 2    | `magic`       | [`MAGIC`]: the bytes `R`, `L` (`0x52 0x4C`)                              |
-//! | 2      | 1    | `version`     | [`VERSION`], `1`                                                         |
-//! | 3      | 1    | `kind`        | `1` DATA, `2` ACK (others reserved)                                      |
-//! | 4      | 4    | `crc`         | `u32`: CRC32C of bytes `0..4` followed by bytes `8..end` (all but itself) |
+//! | 2      | 1    | `version`     | [`VERSION`], `2`                                                         |
+//! | 3      | 1    | `kind`        | `1` DATA, `2` ACK, `3` RAW, `4` PING, `5` PONG (others reserved)         |
+//! | 4      | 4    | `crc`         | `u32`: CRC32C of bytes `0..4` followed by bytes `8..end` (all but itself; RAW: `8..32`, the header only) |
 //! | 8      | 8    | `job_key`     | `u64`: the job's random key; packets of other jobs are dropped           |
 //! | 16     | 4    | `source`      | `u32`: rank that sent the packet                                         |
 //! | 20     | 4    | `destination` | `u32`: rank the packet is for                                            |
 //!
-//! DATA (header [`DATA_HEADER_LEN`] = 36 bytes, then the payload):
+//! DATA (header [`DATA_HEADER_LEN`] = 56 bytes, then the payload, which starts 8-byte aligned
+//! relative to the packet):
 //!
-//! | Offset | Size          | Field         | Meaning                                          |
-//! |--------|---------------|---------------|--------------------------------------------------|
-//! | 24     | 8             | `seq`         | `u64`: sequence number, ≥ 1                      |
-//! | 32     | 4             | `payload_len` | `u32`: must equal the bytes after the header     |
-//! | 36     | `payload_len` | payload       | the link's payload (an encoded frame)            |
+//! | Offset | Size          | Field         | Meaning                                                             |
+//! |--------|---------------|---------------|---------------------------------------------------------------------|
+//! | 24     | 8             | `seq`         | `u64`: sequence number, ≥ 1                                         |
+//! | 32     | 8             | `ack`         | `u64`: piggybacked cumulative ACK of the reverse direction (`0`: none yet) |
+//! | 40     | 8             | `window_end`  | `u64`: piggybacked receive-window end of the sender                 |
+//! | 48     | 4             | `payload_len` | `u32`: must equal the bytes after the header                        |
+//! | 52     | 4             | reserved      | must be `0`                                                         |
+//! | 56     | `payload_len` | payload       | the link's payload (an encoded frame)                               |
 //!
 //! ACK (length [`ACK_HEADER_LEN`] = 52 + 8 × `sack_words` bytes, no payload):
 //!
@@ -40,39 +56,69 @@
 //!
 //! (`cumulative + 1` is missing by definition, so the bitmap starts one above it.)
 //!
+//! RAW (header [`RAW_HEADER_LEN`] = 32 bytes, then the payload; **the CRC covers the header
+//! only**, bytes `0..4` and `8..32`):
+//!
+//! | Offset | Size          | Field         | Meaning                                          |
+//! |--------|---------------|---------------|--------------------------------------------------|
+//! | 24     | 4             | `payload_len` | `u32`: must equal the bytes after the header     |
+//! | 28     | 4             | reserved      | must be `0`                                      |
+//! | 32     | `payload_len` | payload       | not covered by the CRC                           |
+//!
+//! PING and PONG (length [`PROBE_LEN`] = 32 bytes, no payload):
+//!
+//! | Offset | Size | Field   | Meaning                                                            |
+//! |--------|------|---------|--------------------------------------------------------------------|
+//! | 24     | 8    | `nonce` | `u64`: chosen by the pinger; the PONG echoes the PING's nonce       |
+//!
+//! # Gather-friendly encoding
+//!
+//! [`Packet::write_header`] writes everything but the payload (for DATA, a CRC computed over
+//! header *and* payload) into a reusable buffer, and [`Packet::payload`] is the payload that
+//! follows it, so a transport sends `[header, payload]` as one datagram with an iovec and never
+//! copies the payload. [`Packet::encode`] is the same bytes in one buffer.
+//!
 //! # What decoding checks
 //!
 //! [`Packet::decode`] checks, in this order: the common header present
 //! ([`TooShort`](PacketError::TooShort)), magic ([`BadMagic`](PacketError::BadMagic)), version
 //! ([`UnsupportedVersion`](PacketError::UnsupportedVersion)), kind
 //! ([`UnknownKind`](PacketError::UnknownKind)), the kind's header present
-//! ([`TooShort`](PacketError::TooShort)), lengths consistent with the buffer and the reserved
-//! field zero ([`ImpossibleLength`](PacketError::ImpossibleLength)), the CRC
+//! ([`TooShort`](PacketError::TooShort)), lengths consistent with the buffer and reserved fields
+//! zero ([`ImpossibleLength`](PacketError::ImpossibleLength)), the CRC
 //! ([`CrcMismatch`](PacketError::CrcMismatch), carrying the DATA sequence number so the receiver
 //! can NACK it), the job key ([`ForeignJob`](PacketError::ForeignJob)) and a DATA sequence number
 //! ≥ 1 ([`InvalidSequence`](PacketError::InvalidSequence)). The CRC is checked before the job key,
 //! so a corrupted key is reported as corruption. Decoding never panics and never copies the
-//! payload: it is a [`Bytes::slice`] of the input.
+//! payload: it is a [`Bytes::slice`] of the input. The encoding is canonical: a buffer that
+//! decodes is exactly what [`Packet::encode`] produces for the decoded packet.
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::Bytes;
 
 use crate::wire::checksum_parts;
 
 /// The two magic bytes at offset 0.
 pub const MAGIC: [u8; 2] = *b"RL";
 /// The link format version this build writes and reads.
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 /// Length of the header common to all packets.
 pub const COMMON_HEADER_LEN: usize = 24;
 /// Length of a DATA packet's header (the payload follows).
-pub const DATA_HEADER_LEN: usize = 36;
+pub const DATA_HEADER_LEN: usize = 56;
 /// Length of an ACK packet without selective bitmap words.
 pub const ACK_HEADER_LEN: usize = 52;
+/// Length of a RAW packet's header (the payload follows).
+pub const RAW_HEADER_LEN: usize = 32;
+/// Length of a PING or PONG packet.
+pub const PROBE_LEN: usize = 32;
 /// Largest number of selective-ACK bitmap words a packet may carry (65 536 sequence numbers).
 pub const MAX_SACK_WORDS: usize = 1024;
 
 const KIND_DATA: u8 = 1;
 const KIND_ACK: u8 = 2;
+const KIND_RAW: u8 = 3;
+const KIND_PING: u8 = 4;
+const KIND_PONG: u8 = 5;
 const CRC_RANGE: std::ops::Range<usize> = 4..8;
 
 /// One link packet.
@@ -84,22 +130,45 @@ pub struct Packet {
     pub source: u32,
     /// Rank the packet is for.
     pub destination: u32,
-    /// DATA or ACK.
+    /// What the packet carries.
     pub body: PacketBody,
 }
 
 /// What a packet carries.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PacketBody {
-    /// A sequence-numbered payload.
+    /// A sequence-numbered payload with a piggybacked acknowledgement of the reverse direction.
     Data {
         /// Sequence number (≥ 1).
         seq: u64,
+        /// Piggybacked cumulative ACK: the sender of this packet received every sequence number
+        /// up to this one from the packet's destination (`0`: none yet).
+        ack: u64,
+        /// Piggybacked flow control: the sender of this packet accepts sequence numbers below
+        /// this from the packet's destination.
+        window_end: u64,
         /// The payload.
         payload: Bytes,
     },
     /// Acknowledgement information.
     Ack(AckInfo),
+    /// A payload without reliability (no sequence number; the CRC covers the header only). For
+    /// transports running with reliability off.
+    Raw {
+        /// The payload.
+        payload: Bytes,
+    },
+    /// A route probe: the receiver answers with a [`Pong`](PacketBody::Pong) of the same nonce on
+    /// the route it arrived on.
+    Ping {
+        /// Chosen by the sender.
+        nonce: u64,
+    },
+    /// The answer to a [`Ping`](PacketBody::Ping).
+    Pong {
+        /// The PING's nonce.
+        nonce: u64,
+    },
 }
 
 /// What a receiver tells the sender.
@@ -176,7 +245,8 @@ pub enum PacketError {
     /// The CRC does not match: the packet was corrupted on the way.
     #[error("CRC mismatch (stored {stored:#010x}, computed {computed:#010x}, seq {seq:?})")]
     CrcMismatch {
-        /// The DATA sequence number as read from the (possibly corrupt) header; `None` for ACKs.
+        /// The DATA sequence number as read from the (possibly corrupt) header; `None` for the
+        /// other kinds.
         seq: Option<u64>,
         /// The source rank as read from the (possibly corrupt) header (named `sender`: thiserror
         /// reserves `source`).
@@ -201,61 +271,141 @@ fn u16_at(b: &[u8], at: usize) -> u16 {
     u16::from_le_bytes([b[at], b[at + 1]])
 }
 fn u32_at(b: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
 }
 fn u64_at(b: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+    let mut le = [0u8; 8];
+    le.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(le)
 }
 
 impl Packet {
-    /// Bytes [`encode`](Self::encode) produces for this packet.
-    pub fn encoded_len(&self) -> usize {
-        match &self.body {
-            PacketBody::Data { payload, .. } => DATA_HEADER_LEN + payload.len(),
-            PacketBody::Ack(ack) => ACK_HEADER_LEN + 8 * ack.selective.len(),
+    /// The kind's header length for DATA packets: the room a transport must leave in a datagram
+    /// beside the payload when reliability is on (ACK, PING and PONG packets carry no payload).
+    pub const fn max_data_header_len() -> usize {
+        DATA_HEADER_LEN
+    }
+
+    /// The header length of RAW packets: the room a transport must leave in a datagram beside the
+    /// payload when reliability is off.
+    pub const fn raw_header_len() -> usize {
+        RAW_HEADER_LEN
+    }
+
+    /// A RAW packet (reliability off) carrying `payload` from `source` to `destination`.
+    pub fn raw(job_key: u64, source: u32, destination: u32, payload: Bytes) -> Packet {
+        Packet {
+            job_key,
+            source,
+            destination,
+            body: PacketBody::Raw { payload },
         }
     }
 
-    /// Encodes the packet, CRC included, into one buffer.
+    /// The payload that follows the header on the wire (DATA and RAW), else `None`.
+    pub fn payload(&self) -> Option<&Bytes> {
+        match &self.body {
+            PacketBody::Data { payload, .. } | PacketBody::Raw { payload } => Some(payload),
+            PacketBody::Ack(_) | PacketBody::Ping { .. } | PacketBody::Pong { .. } => None,
+        }
+    }
+
+    /// Bytes [`write_header`](Self::write_header) produces: the header of DATA and RAW, the
+    /// whole packet otherwise.
+    pub fn header_len(&self) -> usize {
+        match &self.body {
+            PacketBody::Data { .. } => DATA_HEADER_LEN,
+            PacketBody::Ack(ack) => ACK_HEADER_LEN + 8 * ack.selective.len().min(MAX_SACK_WORDS),
+            PacketBody::Raw { .. } => RAW_HEADER_LEN,
+            PacketBody::Ping { .. } | PacketBody::Pong { .. } => PROBE_LEN,
+        }
+    }
+
+    /// Bytes [`encode`](Self::encode) produces for this packet.
+    pub fn encoded_len(&self) -> usize {
+        self.header_len() + self.payload().map_or(0, Bytes::len)
+    }
+
+    /// Writes the packet without its payload into `out` (cleared first): for DATA and RAW the
+    /// header, whose CRC covers header and payload (DATA) or the header alone (RAW); for ACK,
+    /// PING and PONG the whole packet. Sending `out` followed by [`payload`](Self::payload) as
+    /// one datagram is sending [`encode`](Self::encode)`()`.
+    ///
+    /// An ACK with more than [`MAX_SACK_WORDS`] bitmap words is written with the first
+    /// [`MAX_SACK_WORDS`] only (selective information is advisory; the link never builds such
+    /// ACKs).
     ///
     /// # Panics
     ///
-    /// If a DATA payload is longer than `u32::MAX` bytes or an ACK carries more than
-    /// [`MAX_SACK_WORDS`] bitmap words (the link never builds such packets).
-    pub fn encode(&self) -> Bytes {
-        let mut buf = BytesMut::with_capacity(self.encoded_len());
-        buf.put_slice(&MAGIC);
-        buf.put_u8(VERSION);
-        buf.put_u8(match self.body {
+    /// If a DATA or RAW payload is longer than `u32::MAX` bytes (no datagram is that long).
+    pub fn write_header(&self, out: &mut Vec<u8>) {
+        out.clear();
+        out.reserve(self.header_len());
+        out.extend_from_slice(&MAGIC);
+        out.push(VERSION);
+        out.push(match self.body {
             PacketBody::Data { .. } => KIND_DATA,
             PacketBody::Ack(_) => KIND_ACK,
+            PacketBody::Raw { .. } => KIND_RAW,
+            PacketBody::Ping { .. } => KIND_PING,
+            PacketBody::Pong { .. } => KIND_PONG,
         });
-        buf.put_u32_le(0); // CRC, filled in below
-        buf.put_u64_le(self.job_key);
-        buf.put_u32_le(self.source);
-        buf.put_u32_le(self.destination);
+        out.extend_from_slice(&[0; 4]); // CRC, filled in below
+        out.extend_from_slice(&self.job_key.to_le_bytes());
+        out.extend_from_slice(&self.source.to_le_bytes());
+        out.extend_from_slice(&self.destination.to_le_bytes());
+        let payload_len = |p: &Bytes| u32::try_from(p.len()).expect("payload longer than u32::MAX");
+        let mut crc_payload: &[u8] = &[];
         match &self.body {
-            PacketBody::Data { seq, payload } => {
-                buf.put_u64_le(*seq);
-                let len = u32::try_from(payload.len()).expect("payload longer than u32::MAX");
-                buf.put_u32_le(len);
-                buf.put_slice(payload);
+            PacketBody::Data {
+                seq,
+                ack,
+                window_end,
+                payload,
+            } => {
+                out.extend_from_slice(&seq.to_le_bytes());
+                out.extend_from_slice(&ack.to_le_bytes());
+                out.extend_from_slice(&window_end.to_le_bytes());
+                out.extend_from_slice(&payload_len(payload).to_le_bytes());
+                out.extend_from_slice(&[0; 4]);
+                crc_payload = payload;
             }
             PacketBody::Ack(ack) => {
-                assert!(ack.selective.len() <= MAX_SACK_WORDS, "too many SACK words");
-                buf.put_u64_le(ack.cumulative);
-                buf.put_u64_le(ack.window_end);
-                buf.put_u64_le(ack.nack.unwrap_or(0));
-                buf.put_u16_le(ack.selective.len() as u16);
-                buf.put_u16_le(0);
-                for &word in &ack.selective {
-                    buf.put_u64_le(word);
+                let words = &ack.selective[..ack.selective.len().min(MAX_SACK_WORDS)];
+                out.extend_from_slice(&ack.cumulative.to_le_bytes());
+                out.extend_from_slice(&ack.window_end.to_le_bytes());
+                out.extend_from_slice(&ack.nack.unwrap_or(0).to_le_bytes());
+                out.extend_from_slice(&(words.len() as u16).to_le_bytes());
+                out.extend_from_slice(&[0; 2]);
+                for word in words {
+                    out.extend_from_slice(&word.to_le_bytes());
                 }
             }
+            PacketBody::Raw { payload } => {
+                out.extend_from_slice(&payload_len(payload).to_le_bytes());
+                out.extend_from_slice(&[0; 4]);
+            }
+            PacketBody::Ping { nonce } | PacketBody::Pong { nonce } => {
+                out.extend_from_slice(&nonce.to_le_bytes());
+            }
         }
-        let crc = checksum_parts(&[&buf[..CRC_RANGE.start], &buf[CRC_RANGE.end..]]);
-        buf[CRC_RANGE].copy_from_slice(&crc.to_le_bytes());
-        buf.freeze()
+        let crc = checksum_parts(&[&out[..CRC_RANGE.start], &out[CRC_RANGE.end..], crc_payload]);
+        out[CRC_RANGE].copy_from_slice(&crc.to_le_bytes());
+    }
+
+    /// Encodes the packet, CRC included, into one buffer: [`write_header`](Self::write_header)
+    /// followed by the [`payload`](Self::payload).
+    ///
+    /// # Panics
+    ///
+    /// As [`write_header`](Self::write_header).
+    pub fn encode(&self) -> Bytes {
+        let mut buf = Vec::with_capacity(self.encoded_len());
+        self.write_header(&mut buf);
+        if let Some(payload) = self.payload() {
+            buf.extend_from_slice(payload);
+        }
+        Bytes::from(buf)
     }
 
     /// Decodes a packet of the job `job_key` (see the [module docs](self) for what is checked).
@@ -277,6 +427,8 @@ impl Packet {
         let need = match kind {
             KIND_DATA => DATA_HEADER_LEN,
             KIND_ACK => ACK_HEADER_LEN,
+            KIND_RAW => RAW_HEADER_LEN,
+            KIND_PING | KIND_PONG => PROBE_LEN,
             other => return Err(PacketError::UnknownKind(other)),
         };
         if b.len() < need {
@@ -285,32 +437,57 @@ impl Packet {
                 have: b.len(),
             });
         }
-        let source = u32_at(b, 16);
-        let seq = match kind {
+        let reserved_zero = |at: usize, len: usize| {
+            let v = if len == 2 {
+                u32::from(u16_at(b, at))
+            } else {
+                u32_at(b, at)
+            };
+            if v == 0 {
+                Ok(())
+            } else {
+                Err(PacketError::ImpossibleLength(u64::from(v)))
+            }
+        };
+        // How far the CRC reaches, and the sequence number a CRC error reports.
+        let (crc_end, seq) = match kind {
             KIND_DATA => {
-                let len = u32_at(b, 32) as usize;
+                let len = u32_at(b, 48) as usize;
                 if len != b.len() - DATA_HEADER_LEN {
                     return Err(PacketError::ImpossibleLength(len as u64));
                 }
-                Some(u64_at(b, 24))
+                reserved_zero(52, 4)?;
+                (b.len(), Some(u64_at(b, 24)))
             }
-            _ => {
+            KIND_ACK => {
                 let words = u16_at(b, 48) as usize;
                 if words > MAX_SACK_WORDS || ACK_HEADER_LEN + 8 * words != b.len() {
                     return Err(PacketError::ImpossibleLength(words as u64));
                 }
-                if u16_at(b, 50) != 0 {
-                    return Err(PacketError::ImpossibleLength(u64::from(u16_at(b, 50))));
+                reserved_zero(50, 2)?;
+                (b.len(), None)
+            }
+            KIND_RAW => {
+                let len = u32_at(b, 24) as usize;
+                if len != b.len() - RAW_HEADER_LEN {
+                    return Err(PacketError::ImpossibleLength(len as u64));
                 }
-                None
+                reserved_zero(28, 4)?;
+                (RAW_HEADER_LEN, None)
+            }
+            _ => {
+                if b.len() != PROBE_LEN {
+                    return Err(PacketError::ImpossibleLength(b.len() as u64));
+                }
+                (b.len(), None)
             }
         };
         let stored = u32_at(b, CRC_RANGE.start);
-        let computed = checksum_parts(&[&b[..CRC_RANGE.start], &b[CRC_RANGE.end..]]);
+        let computed = checksum_parts(&[&b[..CRC_RANGE.start], &b[CRC_RANGE.end..crc_end]]);
         if stored != computed {
             return Err(PacketError::CrcMismatch {
                 seq,
-                sender: source,
+                sender: u32_at(b, 16),
                 stored,
                 computed,
             });
@@ -319,13 +496,20 @@ impl Packet {
         if key != job_key {
             return Err(PacketError::ForeignJob { key });
         }
-        let body = match seq {
-            Some(0) => return Err(PacketError::InvalidSequence),
-            Some(seq) => PacketBody::Data {
-                seq,
-                payload: buf.slice(DATA_HEADER_LEN..),
-            },
-            None => {
+        let body = match kind {
+            KIND_DATA => {
+                let seq = u64_at(b, 24);
+                if seq == 0 {
+                    return Err(PacketError::InvalidSequence);
+                }
+                PacketBody::Data {
+                    seq,
+                    ack: u64_at(b, 32),
+                    window_end: u64_at(b, 40),
+                    payload: buf.slice(DATA_HEADER_LEN..),
+                }
+            }
+            KIND_ACK => {
                 let words = u16_at(b, 48) as usize;
                 let nack = u64_at(b, 40);
                 PacketBody::Ack(AckInfo {
@@ -337,10 +521,19 @@ impl Packet {
                         .collect(),
                 })
             }
+            KIND_RAW => PacketBody::Raw {
+                payload: buf.slice(RAW_HEADER_LEN..),
+            },
+            KIND_PING => PacketBody::Ping {
+                nonce: u64_at(b, 24),
+            },
+            _ => PacketBody::Pong {
+                nonce: u64_at(b, 24),
+            },
         };
         Ok(Packet {
             job_key: key,
-            source,
+            source: u32_at(b, 16),
             destination: u32_at(b, 20),
             body,
         })
@@ -352,16 +545,31 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn data(seq: u64, payload: &'static [u8]) -> Packet {
+    fn packet(body: PacketBody) -> Packet {
         Packet {
             job_key: 7,
             source: 1,
             destination: 2,
-            body: PacketBody::Data {
-                seq,
-                payload: Bytes::from_static(payload),
-            },
+            body,
         }
+    }
+
+    fn data(seq: u64, payload: &'static [u8]) -> Packet {
+        packet(PacketBody::Data {
+            seq,
+            ack: 3,
+            window_end: 260,
+            payload: Bytes::from_static(payload),
+        })
+    }
+
+    /// `write_header` followed by the payload, as a transport sends it.
+    fn gathered(p: &Packet) -> Vec<u8> {
+        let mut out = vec![0xEE; 3]; // stale contents are cleared
+        p.write_header(&mut out);
+        assert_eq!(out.len(), p.header_len());
+        out.extend_from_slice(p.payload().map_or(&[][..], |b| &b[..]));
+        out
     }
 
     #[test]
@@ -369,6 +577,7 @@ mod tests {
         let p = data(5, b"hello");
         let buf = p.encode();
         assert_eq!(buf.len(), DATA_HEADER_LEN + 5);
+        assert_eq!(gathered(&p), buf.to_vec());
         let q = Packet::decode(&buf, 7).unwrap();
         assert_eq!(q, p);
         let PacketBody::Data { payload, .. } = q.body else {
@@ -390,13 +599,64 @@ mod tests {
         assert!(ack.acknowledges(12 + 127) && !ack.acknowledges(12 + 128));
         assert_eq!(ack.selective_seqs().collect::<Vec<_>>(), vec![12, 14, 139]);
         assert_eq!(ack.largest(), 139);
-        let p = Packet {
-            job_key: 1,
-            source: 0,
-            destination: 3,
-            body: PacketBody::Ack(ack),
+        let p = packet(PacketBody::Ack(ack));
+        assert_eq!(p.payload(), None);
+        assert_eq!(gathered(&p), p.encode().to_vec());
+        assert_eq!(Packet::decode(&p.encode(), 7).unwrap(), p);
+    }
+
+    #[test]
+    fn raw_ping_pong_round_trip() {
+        let raw = Packet::raw(7, 1, 2, Bytes::from_static(b"unreliable"));
+        let buf = raw.encode();
+        assert_eq!(buf.len(), RAW_HEADER_LEN + 10);
+        assert_eq!(gathered(&raw), buf.to_vec());
+        assert_eq!(Packet::decode(&buf, 7).unwrap(), raw);
+        // The RAW CRC covers the header only: a flipped payload byte goes unnoticed here...
+        let mut flipped = buf.to_vec();
+        *flipped.last_mut().unwrap() ^= 1;
+        let q = Packet::decode(&Bytes::from(flipped), 7).unwrap();
+        assert_eq!(q.payload().unwrap().as_ref(), b"unreliabld");
+        // ...but a flipped header byte does not.
+        let mut flipped = buf.to_vec();
+        flipped[17] ^= 1;
+        assert!(matches!(
+            Packet::decode(&Bytes::from(flipped), 7),
+            Err(PacketError::CrcMismatch { seq: None, .. })
+        ));
+        for body in [
+            PacketBody::Ping { nonce: 0xDEAD_BEEF },
+            PacketBody::Pong { nonce: u64::MAX },
+        ] {
+            let p = packet(body);
+            let buf = p.encode();
+            assert_eq!(buf.len(), PROBE_LEN);
+            assert_eq!(gathered(&p), buf.to_vec());
+            assert_eq!(Packet::decode(&buf, 7).unwrap(), p);
+            let mut longer = buf.to_vec();
+            longer.push(0);
+            assert!(matches!(
+                Packet::decode(&Bytes::from(longer), 7),
+                Err(PacketError::ImpossibleLength(33))
+            ));
+        }
+        assert_eq!(Packet::max_data_header_len(), DATA_HEADER_LEN);
+        assert_eq!(Packet::raw_header_len(), RAW_HEADER_LEN);
+    }
+
+    #[test]
+    fn oversized_sack_is_truncated_not_panicking() {
+        let p = packet(PacketBody::Ack(AckInfo {
+            cumulative: 1,
+            window_end: 2,
+            selective: vec![1; MAX_SACK_WORDS + 3],
+            nack: None,
+        }));
+        let q = Packet::decode(&p.encode(), 7).unwrap();
+        let PacketBody::Ack(ack) = q.body else {
+            unreachable!()
         };
-        assert_eq!(Packet::decode(&p.encode(), 1).unwrap(), p);
+        assert_eq!(ack.selective.len(), MAX_SACK_WORDS);
     }
 
     #[test]
@@ -435,6 +695,12 @@ mod tests {
             Err(PacketError::ImpossibleLength(3))
         ));
         let mut bad = buf.to_vec();
+        bad[53] = 1; // reserved
+        assert!(matches!(
+            Packet::decode(&Bytes::from(bad), 7),
+            Err(PacketError::ImpossibleLength(256))
+        ));
+        let mut bad = buf.to_vec();
         *bad.last_mut().unwrap() ^= 0x40;
         assert!(matches!(
             Packet::decode(&Bytes::from(bad), 7),
@@ -452,12 +718,18 @@ mod tests {
 
     fn arb_packet() -> impl Strategy<Value = Packet> {
         let body = prop_oneof![
-            (any::<u64>(), proptest::collection::vec(any::<u8>(), 0..200)).prop_map(|(seq, p)| {
-                PacketBody::Data {
+            (
+                any::<u64>(),
+                any::<u64>(),
+                any::<u64>(),
+                proptest::collection::vec(any::<u8>(), 0..200)
+            )
+                .prop_map(|(seq, ack, window_end, p)| PacketBody::Data {
                     seq: seq.max(1),
+                    ack,
+                    window_end,
                     payload: Bytes::from(p),
-                }
-            }),
+                }),
             (
                 any::<u64>(),
                 any::<u64>(),
@@ -472,6 +744,11 @@ mod tests {
                         nack,
                     })
                 }),
+            proptest::collection::vec(any::<u8>(), 0..200).prop_map(|p| PacketBody::Raw {
+                payload: Bytes::from(p)
+            }),
+            any::<u64>().prop_map(|nonce| PacketBody::Ping { nonce }),
+            any::<u64>().prop_map(|nonce| PacketBody::Pong { nonce }),
         ];
         (any::<u64>(), any::<u32>(), any::<u32>(), body).prop_map(
             |(job_key, source, destination, body)| Packet {
@@ -488,6 +765,7 @@ mod tests {
         fn round_trip(p in arb_packet()) {
             let buf = p.encode();
             prop_assert_eq!(buf.len(), p.encoded_len());
+            prop_assert_eq!(gathered(&p), buf.to_vec());
             prop_assert_eq!(Packet::decode(&buf, p.job_key), Ok(p));
         }
 
@@ -500,6 +778,8 @@ mod tests {
         fn any_single_byte_flip_is_detected(p in arb_packet(), at in any::<prop::sample::Index>(), flip in 1..=255u8) {
             let mut bad = p.encode().to_vec();
             let i = at.index(bad.len());
+            // RAW payload bytes are not covered by the CRC (by design).
+            prop_assume!(!matches!(p.body, PacketBody::Raw { .. }) || i < RAW_HEADER_LEN);
             bad[i] ^= flip;
             prop_assert!(Packet::decode(&Bytes::from(bad), p.job_key).is_err());
         }

@@ -13,13 +13,23 @@
 //!   ([`next_loss_time`](RetransmitQueue::next_loss_time)) fires when a packet reaches the delay
 //!   without a further ACK.
 //! * **Timeout**: only the oldest unacknowledged packet runs a timer, of `RTO × 2^retries` with
-//!   the exponent truncated at `max_backoff`. When it expires that packet alone is sent again (a
+//!   the exponent truncated at `max_backoff`, from its latest transmission or the latest ACK
+//!   that acknowledged anything, whichever is later (RFC 6298's restart: while ACKs make
+//!   progress, loss detection finds the losses). When it expires that packet alone is sent again (a
 //!   probe; its ACK then proves the others lost), and its retry count goes up. When the count
 //!   reaches the retry limit the peer is declared dead. Any ACK from the peer resets the counts
 //!   (the peer is alive).
 //!
+//! * **Rebinding**: when the link marks a route down, every packet whose latest transmission
+//!   went on it is due at once ([`mark_route_due`](RetransmitQueue::mark_route_due)).
+//!
 //! One timer rather than one per packet means a lost ACK, or an outage, costs one probe per
 //! timeout rather than a retransmission of the whole window: no storms.
+//!
+//! Every packet remembers the route of its latest transmission; the queue reports packets it
+//! removes (acknowledged) and marks due (lost) through a [`QueueEvent`] callback, which is how
+//! the link's [`PathScheduler`](super::paths::PathScheduler) learns what each route delivers and
+//! loses.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -41,8 +51,13 @@ pub struct SentPacket {
     pub retries: u32,
     /// Whether it was ever sent more than once (then its ACK gives no RTT sample).
     pub retransmitted: bool,
+    /// The route of its latest transmission.
+    pub route: usize,
+    /// Whether every transmission went on [`route`](Self::route) (then its ACK proves that
+    /// route delivers).
+    pub single_route: bool,
     /// Place of its latest transmission in the order of all transmissions.
-    order: u64,
+    pub(super) order: u64,
 }
 
 /// What an ACK did to the queue.
@@ -50,13 +65,36 @@ pub struct SentPacket {
 pub struct AckOutcome {
     /// Packets the ACK removed.
     pub newly_acked: usize,
-    /// Round-trip sample from the latest-sent newly acknowledged packet, if it was never
-    /// retransmitted.
+    /// Round-trip sample from the latest-sent newly acknowledged packet that was never
+    /// retransmitted (Karn's rule), if any.
     pub rtt_sample: Option<Duration>,
     /// Shortest time between the last transmission of a newly acknowledged, retransmitted packet
     /// and this ACK. Shorter than the minimum RTT means the ACK was for an earlier copy: the
     /// retransmission was spurious (the packet was only reordered).
     pub retransmission_acked_after: Option<Duration>,
+}
+
+/// A packet leaving the queue's "in flight" state, reported to the caller's callback.
+#[derive(Clone, Copy, Debug)]
+pub enum QueueEvent<'a> {
+    /// The packet was acknowledged and removed.
+    Acked(&'a SentPacket),
+    /// Loss detection found the packet lost and marked it due (an ACK proved it missing, or a
+    /// timer expired).
+    Lost(&'a SentPacket),
+}
+
+/// A retransmission taken from the queue by [`pop_due`](RetransmitQueue::pop_due).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Resend {
+    /// Its sequence number.
+    pub seq: u64,
+    /// Its payload.
+    pub payload: Bytes,
+    /// The route of its previous transmission.
+    pub previous_route: usize,
+    /// The route it goes out on now.
+    pub route: usize,
 }
 
 /// What a timeout did.
@@ -79,6 +117,10 @@ pub struct RetransmitQueue {
     next_order: u64,
     /// Latest send time of an acknowledged transmission.
     largest_acked_sent: Option<Instant>,
+    /// Whether some packet may have a nonzero retry count (saves a pass on every ACK).
+    retries_counted: bool,
+    /// When an ACK last acknowledged something: the timer restarts from there.
+    last_progress: Option<Instant>,
 }
 
 impl RetransmitQueue {
@@ -107,8 +149,8 @@ impl RetransmitQueue {
         self.packets.get(&seq)
     }
 
-    /// Records the first transmission of `seq`.
-    pub fn on_sent(&mut self, seq: u64, payload: Bytes, now: Instant) {
+    /// Records the first transmission of `seq`, on `route`.
+    pub fn on_sent(&mut self, seq: u64, payload: Bytes, now: Instant, route: usize) {
         let order = self.bump_order();
         self.packets.insert(
             seq,
@@ -118,6 +160,8 @@ impl RetransmitQueue {
                 last_sent: now,
                 retries: 0,
                 retransmitted: false,
+                route,
+                single_route: true,
                 order,
             },
         );
@@ -131,11 +175,28 @@ impl RetransmitQueue {
     /// Removes what `ack` acknowledges, then marks packets the ACK proves lost as due (loss
     /// delay `loss_delay`). Any ACK resets the retry counts: the peer is alive.
     pub fn on_ack(&mut self, ack: &AckInfo, now: Instant, loss_delay: Duration) -> AckOutcome {
+        self.on_ack_with(ack, now, |_| loss_delay, |_| {})
+    }
+
+    /// [`on_ack`](Self::on_ack) with a loss delay per packet (`loss_delay(p)`: the link uses the
+    /// round trip of the packet's route), reporting each packet removed and each marked lost to
+    /// `on_event`.
+    pub fn on_ack_with(
+        &mut self,
+        ack: &AckInfo,
+        now: Instant,
+        loss_delay: impl Fn(&SentPacket) -> Duration,
+        mut on_event: impl FnMut(QueueEvent<'_>),
+    ) -> AckOutcome {
         let mut out = AckOutcome::default();
-        let mut latest: Option<SentPacket> = None;
+        // (order, last_sent) of the latest-sent newly acknowledged packet, and of the latest-sent
+        // one that was never retransmitted (Karn: only those give RTT samples).
+        let mut latest: Option<(u64, Instant)> = None;
+        let mut latest_clean: Option<(u64, Instant)> = None;
         let mut take = |this: &mut Self, seq: u64| {
             if let Some(p) = this.packets.remove(&seq) {
                 this.due.remove(&seq);
+                on_event(QueueEvent::Acked(&p));
                 out.newly_acked += 1;
                 if p.retransmitted {
                     let after = now.saturating_duration_since(p.last_sent);
@@ -144,59 +205,93 @@ impl RetransmitQueue {
                             .map_or(after, |a| a.min(after)),
                     );
                 }
-                if latest.as_ref().is_none_or(|l| p.order > l.order) {
-                    latest = Some(p);
+                let sent = Some((p.order, p.last_sent));
+                latest = latest.max(sent);
+                if !p.retransmitted {
+                    latest_clean = latest_clean.max(sent);
                 }
             }
         };
-        let below: Vec<u64> = self
-            .packets
-            .range(..=ack.cumulative)
-            .map(|(&s, _)| s)
-            .collect();
-        for seq in below {
+        while let Some((&seq, _)) = self.packets.first_key_value() {
+            if seq > ack.cumulative {
+                break;
+            }
             take(self, seq);
         }
         for seq in ack.selective_seqs() {
             take(self, seq);
         }
-        if let Some(p) = latest {
-            if !p.retransmitted {
-                out.rtt_sample = Some(now.saturating_duration_since(p.last_sent));
+        if let Some((_, sent)) = latest_clean {
+            out.rtt_sample = Some(now.saturating_duration_since(sent));
+        }
+        if let Some((_, sent)) = latest {
+            self.largest_acked_sent = Some(self.largest_acked_sent.map_or(sent, |t| t.max(sent)));
+            self.last_progress = Some(now);
+        }
+        if std::mem::take(&mut self.retries_counted) {
+            for p in self.packets.values_mut() {
+                p.retries = 0;
             }
-            self.largest_acked_sent = Some(
-                self.largest_acked_sent
-                    .map_or(p.last_sent, |t| t.max(p.last_sent)),
-            );
         }
-        for p in self.packets.values_mut() {
-            p.retries = 0;
-        }
-        self.detect_lost(now, loss_delay);
+        self.detect_lost_with(now, loss_delay, on_event);
         out
     }
 
     /// Marks as due every packet sent (strictly) before an acknowledged one and out for
     /// `loss_delay`.
     pub fn detect_lost(&mut self, now: Instant, loss_delay: Duration) {
+        self.detect_lost_with(now, |_| loss_delay, |_| {});
+    }
+
+    /// [`detect_lost`](Self::detect_lost) with a loss delay per packet, reporting each packet
+    /// newly marked lost to `on_event` (as [`QueueEvent::Lost`]).
+    pub fn detect_lost_with(
+        &mut self,
+        now: Instant,
+        loss_delay: impl Fn(&SentPacket) -> Duration,
+        mut on_event: impl FnMut(QueueEvent<'_>),
+    ) {
         let Some(largest) = self.largest_acked_sent else {
             return;
         };
         for (&seq, p) in &self.packets {
-            if p.last_sent < largest && now.saturating_duration_since(p.last_sent) >= loss_delay {
-                self.due.insert(seq);
+            if p.last_sent < largest
+                && now.saturating_duration_since(p.last_sent) >= loss_delay(p)
+                && self.due.insert(seq)
+            {
+                on_event(QueueEvent::Lost(p));
             }
         }
+    }
+
+    /// Marks due every packet whose latest transmission went on `route` (the route went down:
+    /// they are sent again at once, on other routes). Returns how many were newly marked.
+    pub fn mark_route_due(&mut self, route: usize) -> usize {
+        let mut marked = 0;
+        for (&seq, p) in &self.packets {
+            if p.route == route && self.due.insert(seq) {
+                marked += 1;
+            }
+        }
+        marked
     }
 
     /// When the next packet sent before an acknowledged one reaches `loss_delay` (then call
     /// [`detect_lost`](Self::detect_lost)).
     pub fn next_loss_time(&self, loss_delay: Duration) -> Option<Instant> {
+        self.next_loss_time_with(|_| loss_delay)
+    }
+
+    /// [`next_loss_time`](Self::next_loss_time) with a loss delay per packet.
+    pub fn next_loss_time_with(
+        &self,
+        loss_delay: impl Fn(&SentPacket) -> Duration,
+    ) -> Option<Instant> {
         let largest = self.largest_acked_sent?;
         self.packets
             .iter()
             .filter(|(seq, p)| p.last_sent < largest && !self.due.contains(seq))
-            .map(|(_, p)| p.last_sent + loss_delay)
+            .map(|(_, p)| p.last_sent + loss_delay(p))
             .min()
     }
 
@@ -211,13 +306,18 @@ impl RetransmitQueue {
         }
     }
 
-    /// When the oldest packet's timer expires.
+    /// When the oldest packet's timer expires: `RTO × 2^retries` after its latest transmission
+    /// or the latest ACK that acknowledged something, whichever is later (while ACKs make
+    /// progress, loss detection finds losses and the timer stays quiet, RFC 6298 5.3).
     pub fn next_timeout(&self, rto: Duration, max_backoff: u32) -> Option<Instant> {
         let (seq, p) = self.packets.first_key_value()?;
         if self.due.contains(seq) {
             return None; // goes out at the next poll anyway
         }
-        Some(p.last_sent + backoff(rto, p.retries, max_backoff))
+        let from = self
+            .last_progress
+            .map_or(p.last_sent, |t| t.max(p.last_sent));
+        Some(from + backoff(rto, p.retries, max_backoff))
     }
 
     /// Handles the timer: if the oldest packet's timer expired, marks it due and counts the retry,
@@ -231,14 +331,16 @@ impl RetransmitQueue {
     ) -> TimeoutOutcome {
         match self.next_timeout(rto, max_backoff) {
             Some(t) if t <= now => {
-                let (&seq, p) = self
-                    .packets
-                    .first_key_value()
-                    .expect("timer implies a packet");
+                let Some(mut entry) = self.packets.first_entry() else {
+                    return TimeoutOutcome::None;
+                };
+                let seq = *entry.key();
+                let p = entry.get_mut();
                 if p.retries >= retry_limit {
                     return TimeoutOutcome::Dead;
                 }
-                self.packets.get_mut(&seq).expect("present").retries += 1;
+                p.retries += 1;
+                self.retries_counted = true;
                 self.due.insert(seq);
                 TimeoutOutcome::Retransmit(seq)
             }
@@ -246,16 +348,34 @@ impl RetransmitQueue {
         }
     }
 
-    /// Takes the lowest due packet for retransmission now: returns its sequence number and
-    /// payload and records the transmission.
-    pub fn pop_due(&mut self, now: Instant) -> Option<(u64, Bytes)> {
-        let seq = self.due.pop_first()?;
-        let order = self.bump_order();
-        let p = self.packets.get_mut(&seq).expect("due packets are queued");
-        p.last_sent = now;
-        p.retransmitted = true;
-        p.order = order;
-        Some((seq, p.payload.clone()))
+    /// Takes the lowest due packet for retransmission now, on the route `pick` chooses for it
+    /// (given the packet as it was last sent), and records the transmission.
+    pub fn pop_due(
+        &mut self,
+        now: Instant,
+        pick: impl FnOnce(&SentPacket) -> usize,
+    ) -> Option<Resend> {
+        loop {
+            let seq = self.due.pop_first()?;
+            let order = self.bump_order();
+            // Due packets are always queued (ACKs remove both); skip one that is not.
+            let Some(p) = self.packets.get_mut(&seq) else {
+                continue;
+            };
+            let previous_route = p.route;
+            let route = pick(p);
+            p.last_sent = now;
+            p.retransmitted = true;
+            p.order = order;
+            p.single_route &= route == previous_route;
+            p.route = route;
+            return Some(Resend {
+                seq,
+                payload: p.payload.clone(),
+                previous_route,
+                route,
+            });
+        }
     }
 
     /// Whether some packet is due for retransmission.
@@ -297,7 +417,7 @@ mod tests {
     fn queue(t0: Instant, n: u64) -> RetransmitQueue {
         let mut q = RetransmitQueue::new();
         for s in 1..=n {
-            q.on_sent(s, Bytes::from(vec![s as u8]), t0);
+            q.on_sent(s, Bytes::from(vec![s as u8]), t0, 0);
         }
         q
     }
@@ -333,10 +453,10 @@ mod tests {
         let t0 = Instant::now();
         let mut q = RetransmitQueue::new();
         for s in 1..=3 {
-            q.on_sent(s, Bytes::new(), t0);
+            q.on_sent(s, Bytes::new(), t0, 0);
         }
         for s in 4..=6 {
-            q.on_sent(s, Bytes::new(), t0 + MS);
+            q.on_sent(s, Bytes::new(), t0 + MS, 1);
         }
         let delay = 5 * MS;
         q.on_ack(&ack(0, &[5]), t0 + 2 * MS, delay);
@@ -344,10 +464,10 @@ mod tests {
         assert!(!q.has_due());
         assert_eq!(q.next_loss_time(delay), Some(t0 + delay));
         q.detect_lost(t0 + delay, delay);
-        assert_eq!(q.pop_due(t0 + delay).map(|(s, _)| s), Some(1));
-        assert_eq!(q.pop_due(t0 + delay).map(|(s, _)| s), Some(2));
-        assert_eq!(q.pop_due(t0 + delay).map(|(s, _)| s), Some(3));
-        assert_eq!(q.pop_due(t0 + delay), None);
+        assert_eq!(q.pop_due(t0 + delay, |_| 0).map(|r| r.seq), Some(1));
+        assert_eq!(q.pop_due(t0 + delay, |_| 0).map(|r| r.seq), Some(2));
+        assert_eq!(q.pop_due(t0 + delay, |_| 0).map(|r| r.seq), Some(3));
+        assert_eq!(q.pop_due(t0 + delay, |_| 0), None);
         // 4 went out together with 5: never proven lost by 5.
         assert_eq!(q.next_loss_time(delay), None);
         // Retransmitted 1..3 are newer than 5 now: not lost again by an ACK of 5.
@@ -375,7 +495,7 @@ mod tests {
         assert!(q.on_nack(2, t0 + 2 * MS, MS));
         assert!(!q.on_nack(2, t0 + 2 * MS, MS)); // already due
         assert!(!q.on_nack(9, t0 + 2 * MS, MS)); // unknown
-        assert_eq!(q.pop_due(t0 + 2 * MS).map(|(s, _)| s), Some(2));
+        assert_eq!(q.pop_due(t0 + 2 * MS, |_| 0).map(|r| r.seq), Some(2));
         assert!(!q.on_nack(2, t0 + 2 * MS + MS / 2, MS)); // answers the old copy
     }
 
@@ -391,7 +511,7 @@ mod tests {
         for retry in 1..=3 {
             assert_eq!(q.on_timeout(now, rto, 2, 3), TimeoutOutcome::Retransmit(1));
             assert_eq!(q.next_timeout(rto, 2), None);
-            assert_eq!(q.pop_due(now).map(|(s, _)| s), Some(1));
+            assert_eq!(q.pop_due(now, |_| 0).map(|r| r.seq), Some(1));
             assert!(!q.has_due()); // only the oldest is probed
             expected_gap = backoff(rto, retry, 2);
             now += expected_gap;
@@ -402,5 +522,76 @@ mod tests {
         // An ACK (the peer is alive) resets the count.
         q.on_ack(&ack(0, &[]), now, Duration::MAX);
         assert_eq!(q.next_timeout(rto, 2), Some(now - 4 * rto + rto));
+    }
+
+    #[test]
+    fn routes_events_rebinding_and_timer_restart() {
+        let t0 = Instant::now();
+        let mut q = RetransmitQueue::new();
+        for s in 1..=4 {
+            q.on_sent(s, Bytes::from(vec![0; s as usize]), t0, (s % 2) as usize);
+        }
+        // 2 and 4 went on route 0, 1 and 3 on route 1. Route 1 goes down: 1 and 3 are due.
+        assert_eq!(q.mark_route_due(1), 2);
+        assert_eq!(q.mark_route_due(1), 0);
+        let r = q.pop_due(t0 + MS, |p| {
+            assert_eq!(p.route, 1);
+            0
+        });
+        assert_eq!(
+            r,
+            Some(Resend {
+                seq: 1,
+                payload: Bytes::from(vec![0; 1]),
+                previous_route: 1,
+                route: 0
+            })
+        );
+        let p1 = q.get(1).unwrap();
+        assert!(p1.retransmitted && !p1.single_route && p1.route == 0);
+        // An ACK of 2 reports it acked; 3 (sent before 2 was acked... at the same instant) is
+        // not lost; events come through the callback.
+        let mut events = Vec::new();
+        let out = q.on_ack_with(
+            &ack(0, &[2]),
+            t0 + 2 * MS,
+            |_| Duration::ZERO,
+            |e| match e {
+                QueueEvent::Acked(p) => events.push(("acked", p.route, p.payload.len())),
+                QueueEvent::Lost(p) => events.push(("lost", p.route, p.payload.len())),
+            },
+        );
+        assert_eq!(events, vec![("acked", 0, 2)]);
+        assert_eq!(out.rtt_sample, Some(2 * MS));
+        // The timer restarts from the ACK that made progress (after 1's resend at t0 + 1 ms).
+        let rto = 10 * MS;
+        assert_eq!(q.next_timeout(rto, 3), Some(t0 + 2 * MS + rto));
+        q.pop_due(t0 + 2 * MS, |_| 0); // 3, on route 0 now
+        // A later packet on route 1 is acknowledged; with a per-packet (per-route) loss delay,
+        // 1, 3 and 4 (route 0, delay zero) are lost and reported once each.
+        q.on_sent(5, Bytes::new(), t0 + 5 * MS, 1);
+        events.clear();
+        let mut lost = |q: &mut RetransmitQueue, at| {
+            q.on_ack_with(
+                &ack(0, &[2, 5]),
+                at,
+                |p| {
+                    if p.route == 0 {
+                        Duration::ZERO
+                    } else {
+                        Duration::MAX
+                    }
+                },
+                |e| {
+                    if let QueueEvent::Lost(p) = e {
+                        events.push(("lost", p.route, p.payload.len()));
+                    }
+                },
+            );
+        };
+        lost(&mut q, t0 + 6 * MS);
+        lost(&mut q, t0 + 7 * MS);
+        assert_eq!(events, vec![("lost", 0, 1), ("lost", 0, 3), ("lost", 0, 4)]);
+        assert_eq!(q.next_timeout(rto, 3), None); // the oldest is due
     }
 }

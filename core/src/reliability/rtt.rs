@@ -15,6 +15,7 @@ pub struct RttEstimator {
     initial_rto: Duration,
     min_rto: Duration,
     max_rto: Duration,
+    max_ack_delay: Duration,
 }
 
 impl RttEstimator {
@@ -29,6 +30,17 @@ impl RttEstimator {
             initial_rto,
             min_rto,
             max_rto,
+            max_ack_delay: Duration::ZERO,
+        }
+    }
+
+    /// The same estimator, adding `max_ack_delay` (how long the peer may hold back an ACK) to
+    /// every RTO computed from samples, as QUIC's probe timeout does: a delayed ACK is then no
+    /// reason for a timeout.
+    pub fn with_max_ack_delay(self, max_ack_delay: Duration) -> Self {
+        Self {
+            max_ack_delay,
+            ..self
         }
     }
 
@@ -69,12 +81,21 @@ impl RttEstimator {
         self.rttvar
     }
 
-    /// The retransmission timeout: `SRTT + 4·RTTVAR` clamped to `[min_rto, max_rto]`, or the
-    /// initial RTO (clamped the same way) before any sample.
+    /// How long a packet sent before an acknowledged one may be out before it counts as lost
+    /// (time-threshold loss detection, as RACK and QUIC): `max(9/8·max(SRTT, latest),
+    /// SRTT + 4·RTTVAR)`, stretched by `stretch_quarters` quarters; `None` before any sample.
+    pub fn loss_delay(&self, stretch_quarters: u32) -> Option<Duration> {
+        let (s, l) = (self.srtt?, self.latest?);
+        let base = (s.max(l) * 9 / 8).max(s + self.rttvar * 4);
+        Some(base * (4 + stretch_quarters) / 4)
+    }
+
+    /// The retransmission timeout: `SRTT + 4·RTTVAR + max ACK delay` clamped to
+    /// `[min_rto, max_rto]`, or the initial RTO (clamped the same way) before any sample.
     pub fn rto(&self) -> Duration {
         let raw = match self.srtt {
             None => self.initial_rto,
-            Some(srtt) => srtt + self.rttvar * 4,
+            Some(srtt) => srtt + self.rttvar * 4 + self.max_ack_delay,
         };
         raw.clamp(self.min_rto, self.max_rto.max(self.min_rto))
     }
@@ -124,5 +145,13 @@ mod tests {
         assert_eq!(e.rto(), 29 * MS);
         assert_eq!(e.latest(), Some(16 * MS));
         assert_eq!(e.min(), Some(8 * MS));
+        assert_eq!(e.loss_delay(0), Some(29 * MS)); // 9 + 4·5 > 9/8·16
+        assert_eq!(e.loss_delay(4), Some(58 * MS));
+        assert_eq!(RttEstimator::new(MS, MS, MS).loss_delay(0), None);
+        let e = e.with_max_ack_delay(MS);
+        assert_eq!(e.rto(), 30 * MS);
+        let fresh =
+            RttEstimator::new(10 * MS, Duration::ZERO, Duration::MAX).with_max_ack_delay(MS);
+        assert_eq!(fresh.rto(), 10 * MS);
     }
 }
