@@ -27,7 +27,7 @@
 
 #![warn(missing_docs)]
 
-mod launch;
+pub mod launch;
 
 pub use launch::{init, init_with, local, local_with};
 pub use rankweave_collectives as collectives;

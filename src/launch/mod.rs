@@ -1,6 +1,9 @@
 //! Starting ranks: in-process jobs today; launcher detection (`rwrun`, PMI, Open MPI, Slurm)
 //! arrives with the launch work.
 
+pub mod kvs;
+pub mod pmi;
+
 use std::future::Future;
 
 use rankweave_core::{Communicator, Config, Error, TransportKind};
