@@ -119,7 +119,7 @@ async fn exchange_16mib(config: Config) -> [rankweave::Stats; 2] {
         assert_eq!(st.rendezvous_messages_sent, 1);
         assert_eq!(st.bytes_sent, LEN as u64);
     }
-    [stats[0], stats[1]]
+    [stats[0].clone(), stats[1].clone()]
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

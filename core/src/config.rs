@@ -4,6 +4,7 @@
 //! set what it wants after reading the environment. The book's configuration chapter keeps the
 //! table of all variables.
 
+use std::net::IpAddr;
 use std::time::Duration;
 
 use crate::chaos::{CHAOS_VARIABLE, ChaosSpec};
@@ -59,6 +60,14 @@ pub struct Config {
     /// reordering, delay, route down/up); `None` injects nothing. See [`crate::chaos`] for the
     /// syntax.
     pub chaos: Option<ChaosSpec>,
+    /// `RANKWEAVE_RELIABILITY` (`on`, `off` or `auto`): run the end-to-end reliability layer
+    /// (sequence numbers, CRC32C, ACK/NACK, retransmission, striping, failover). `None` (`auto`)
+    /// means on for UDP and off for in-process and shared memory; see
+    /// [`reliability_for`](Self::reliability_for).
+    pub reliability: Option<bool>,
+    /// `RANKWEAVE_ROUTES`: local addresses, comma-separated, one UDP route (adapter) each, such
+    /// as `10.0.1.1,10.0.2.1`. Empty: one route on the loopback address.
+    pub routes: Vec<IpAddr>,
 }
 
 impl Default for Config {
@@ -71,6 +80,8 @@ impl Default for Config {
             spin: Duration::from_micros(50),
             max_frame: None,
             chaos: None,
+            reliability: None,
+            routes: Vec::new(),
         }
     }
 }
@@ -121,8 +132,46 @@ impl Config {
         if let Some(v) = get(CHAOS_VARIABLE) {
             self.chaos = Some(ChaosSpec::parse(&v)?);
         }
+        if let Some(v) = get("RANKWEAVE_RELIABILITY") {
+            self.reliability = match v.trim().to_ascii_lowercase().as_str() {
+                "on" | "1" | "true" | "yes" => Some(true),
+                "off" | "0" | "false" | "no" => Some(false),
+                "auto" => None,
+                _ => {
+                    return Err(ConfigError {
+                        variable: "RANKWEAVE_RELIABILITY".into(),
+                        value: v,
+                        expected: "on, off or auto".into(),
+                    });
+                }
+            };
+        }
+        if let Some(v) = get("RANKWEAVE_ROUTES") {
+            self.routes = parse_routes(&v)?;
+        }
         Ok(self)
     }
+
+    /// Whether the reliability layer runs over `transport`: the explicit setting if there is
+    /// one, else on for UDP (which loses, duplicates and reorders) and off for the others.
+    pub fn reliability_for(&self, transport: TransportKind) -> bool {
+        self.reliability
+            .unwrap_or(matches!(transport, TransportKind::Udp))
+    }
+}
+
+fn parse_routes(v: &str) -> Result<Vec<IpAddr>, ConfigError> {
+    v.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            s.parse::<IpAddr>().map_err(|_| ConfigError {
+                variable: "RANKWEAVE_ROUTES".into(),
+                value: v.into(),
+                expected: format!("comma-separated IP addresses; {s:?} is not one"),
+            })
+        })
+        .collect()
 }
 
 fn parse_transport(v: &str) -> Result<TransportKind, ConfigError> {
@@ -271,5 +320,39 @@ mod tests {
             .unwrap_err();
         assert_eq!(e.variable, "RANKWEAVE_CHAOS");
         assert!(e.expected.contains("delay"), "{}", e.expected);
+    }
+
+    #[test]
+    fn reliability_and_routes() {
+        let c = Config::default();
+        assert!(c.reliability_for(TransportKind::Udp));
+        assert!(!c.reliability_for(TransportKind::Inproc));
+        assert!(!c.reliability_for(TransportKind::Shm));
+        let c = Config::default()
+            .with_env(env(&[
+                ("RANKWEAVE_RELIABILITY", "off"),
+                ("RANKWEAVE_ROUTES", " 127.0.0.1, ::1 ,"),
+            ]))
+            .unwrap();
+        assert!(!c.reliability_for(TransportKind::Udp));
+        assert_eq!(
+            c.routes,
+            vec![
+                IpAddr::from([127, 0, 0, 1]),
+                "::1".parse::<IpAddr>().unwrap()
+            ]
+        );
+        let on = Config::default()
+            .with_env(env(&[("RANKWEAVE_RELIABILITY", "ON")]))
+            .unwrap();
+        assert!(on.reliability_for(TransportKind::Inproc));
+        let e = Config::default()
+            .with_env(env(&[("RANKWEAVE_RELIABILITY", "maybe")]))
+            .unwrap_err();
+        assert_eq!(e.variable, "RANKWEAVE_RELIABILITY");
+        let e = Config::default()
+            .with_env(env(&[("RANKWEAVE_ROUTES", "127.0.0.1,eth0")]))
+            .unwrap_err();
+        assert!(e.expected.contains("\"eth0\""), "{e}");
     }
 }

@@ -32,6 +32,6 @@ pub use chaos::ChaosSpec;
 pub use comm::{Communicator, ProbeOp, RecvIntoOp, RecvOp, SendOp};
 pub use config::{Config, ProgressPolicy, TransportKind};
 pub use error::{ConfigError, Error, Result, TransportError};
-pub use stats::Stats;
+pub use stats::{RouteCounters, Stats, TransportStats};
 pub use transport::{Arrival, Capabilities, Transport};
 pub use types::{ContextId, MAX_TAG, Message, Payload, Source, Status, Tag};

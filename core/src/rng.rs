@@ -1,5 +1,6 @@
 //! A small seeded generator (SplitMix64) for fault injection and simulations: deterministic for a
-//! seed, any seed (0 included) works. Not for anything that must be unpredictable.
+//! seed, any seed (0 included) works. Not for anything that must be unpredictable. Plus
+//! [`random_u64`] for values that must differ between runs (job keys).
 
 /// SplitMix64 (Steele, Lea and Flood).
 #[derive(Clone, Debug)]
@@ -43,5 +44,32 @@ mod tests {
         assert!(!a.chance(0.0));
         assert!(a.chance(1.0));
         assert_eq!(a.below(0), 0);
+    }
+}
+
+/// A fresh random 64-bit value, different in every call and every process (for job keys: it
+/// must make collisions between jobs unlikely, not resist an attacker). Mixes the standard
+/// library's per-process random hash keys with the time and the process id; never 0.
+pub fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(CALLS.fetch_add(1, Ordering::Relaxed));
+    h.write_u32(std::process::id());
+    if let Ok(t) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+        h.write_u128(t.as_nanos());
+    }
+    let mut g = SplitMix64(h.finish());
+    g.next_u64().max(1)
+}
+
+#[cfg(test)]
+mod random_tests {
+    #[test]
+    fn random_values_differ() {
+        let a: std::collections::HashSet<u64> = (0..1000).map(|_| super::random_u64()).collect();
+        assert_eq!(a.len(), 1000);
+        assert!(!a.contains(&0));
     }
 }

@@ -1,7 +1,8 @@
 //! Counters a rank keeps about its traffic, read with `Communicator::stats()`.
 
-/// A snapshot of a rank's counters. Later layers (reliability, routes) add their own fields.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// A snapshot of a rank's counters: the message layer's, then the transport's in
+/// [`transport`](Self::transport).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Stats {
     /// Frames handed to the transport.
@@ -24,4 +25,65 @@ pub struct Stats {
     pub unexpected_bytes: u64,
     /// Receives now waiting in the posted-receive queue.
     pub posted_receives: u64,
+    /// What the transport counted (reliability, routes, dropped datagrams).
+    pub transport: TransportStats,
+}
+
+/// Counters of a rank's transport. Transports without a reliability layer or routes leave
+/// most of them at zero.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TransportStats {
+    /// Whether the end-to-end reliability layer is running.
+    pub reliability: bool,
+    /// Per route (adapter), in route order.
+    pub routes: Vec<RouteCounters>,
+    /// Packets sent again (after a NACK, a loss detected from later ACKs, or a timeout).
+    pub retransmissions: u64,
+    /// Retransmission timer expiries.
+    pub timeouts: u64,
+    /// Received packets whose CRC32C did not match (dropped and NACKed).
+    pub crc_failures: u64,
+    /// Received packets dropped because they had already been received.
+    pub duplicates_dropped: u64,
+    /// Received datagrams dropped as foreign: another job's key, an unknown sender, or
+    /// addressed to another rank.
+    pub foreign_dropped: u64,
+    /// Received datagrams dropped as malformed: too short, bad magic or version, impossible
+    /// lengths, or a payload that is not a frame.
+    pub malformed_dropped: u64,
+    /// ACK packets sent (acknowledgements carried on DATA packets are not counted).
+    pub acks_sent: u64,
+    /// NACKs sent.
+    pub nacks_sent: u64,
+    /// Times a route was declared down for a peer and its traffic moved to the others.
+    pub route_failovers: u64,
+    /// Times a route that was down answered a probe and carried traffic again.
+    pub route_recoveries: u64,
+    /// Peers declared dead because they stopped answering.
+    pub peers_lost: u64,
+    /// Datagrams the carrier refused to send (full socket buffer, …); repaired like losses.
+    pub send_errors: u64,
+}
+
+/// Counters of one route.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RouteCounters {
+    /// Datagrams sent on this route.
+    pub frames_sent: u64,
+    /// Bytes sent on this route (whole datagrams).
+    pub bytes_sent: u64,
+    /// Datagrams received on this route.
+    pub frames_received: u64,
+    /// Bytes received on this route (whole datagrams).
+    pub bytes_received: u64,
+    /// Packets retransmitted on this route.
+    pub retransmissions: u64,
+    /// Times this route was declared down for some peer.
+    pub failovers: u64,
+    /// Times this route came back for some peer.
+    pub recoveries: u64,
+    /// Peers for which this route is currently down.
+    pub down_for_peers: u64,
 }

@@ -8,6 +8,7 @@ use std::task::{Context, Poll};
 
 use crate::error::TransportError;
 use crate::frame::Frame;
+use crate::stats::TransportStats;
 
 /// What a transport guarantees and can do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -79,4 +80,9 @@ pub trait Transport: Send + Sync + 'static {
 
     /// This rank is shutting down: peers should learn it is gone (after everything it sent).
     fn close(&self) {}
+
+    /// The transport's counters (reliability, routes, dropped datagrams). The default has none.
+    fn stats(&self) -> TransportStats {
+        TransportStats::default()
+    }
 }

@@ -7,12 +7,15 @@ pub mod pmi;
 use std::future::Future;
 
 use rankweave_core::{Communicator, Config, Error, TransportKind};
-use rankweave_transports::inproc;
+use rankweave_transports::{inproc, udp};
 
 /// Runs `n` ranks as tokio tasks of this process and returns their results in rank order.
 ///
 /// Each rank gets its world [`Communicator`]; traffic between them goes over the in-process
-/// transport (zero-copy). Settings come from the environment ([`Config::from_env`]). If a rank
+/// transport (zero-copy), or with `RANKWEAVE_TRANSPORT=udp` over UDP sockets of their own
+/// (one per route in `RANKWEAVE_ROUTES`). With `RANKWEAVE_RELIABILITY=on` or a
+/// `RANKWEAVE_CHAOS` spec, in-process ranks exchange datagrams through the reliability layer
+/// instead of handing frames over. Settings come from the environment ([`Config::from_env`]). If a rank
 /// panics, its peers see [`Error::PeerFailed`] for operations that involve it, and `local`
 /// returns [`Error::RankPanicked`] naming the first rank that did.
 pub async fn local<F, Fut, T>(n: usize, f: F) -> Result<Vec<T>, Error>
@@ -31,15 +34,20 @@ where
     Fut: Future<Output = T> + Send + 'static,
     T: Send + 'static,
 {
-    match config.transport {
-        TransportKind::Auto | TransportKind::Inproc => {}
+    let comms = match config.transport {
+        TransportKind::Udp => udp::world(n, &config)?,
+        TransportKind::Auto | TransportKind::Inproc
+            if config.reliability_for(TransportKind::Inproc) || config.chaos.is_some() =>
+        {
+            inproc::reliable::reliable_world(n, &config)?
+        }
+        TransportKind::Auto | TransportKind::Inproc => inproc::world(n, &config)?,
         other => {
             return Err(Error::InvalidArgument(format!(
-                "in-process jobs run over the in-process transport; {other:?} is not available for them yet"
+                "in-process jobs run over the in-process or UDP transport; {other:?} is not available for them yet"
             )));
         }
-    }
-    let comms = inproc::world(n, &config)?;
+    };
     let mut tasks = tokio::task::JoinSet::new();
     let mut rank_of = std::collections::HashMap::new();
     for (rank, comm) in comms.into_iter().enumerate() {

@@ -1,11 +1,19 @@
 //! rankweave's transports: the IO drivers under the message layer.
 //!
 //! Each transport implements [`rankweave_core::Transport`]: it moves frames and declares what it
-//! guarantees, and stays small. Today there is [`inproc`] (ranks as tasks of one process);
-//! shared memory, UDP and verbs follow.
+//! guarantees, and stays small:
+//!
+//! * [`inproc`]: ranks as tasks of one process, frames handed over by reference.
+//! * [`link`]: any [`Carrier`](rankweave_core::Carrier) (unreliable datagrams over routes) made
+//!   into a transport by the end-to-end reliability layer; [`udp`] is such a carrier, and
+//!   [`chaos`] a carrier decorator that injects faults.
+//!
+//! Shared memory and verbs follow.
 
 #![warn(missing_docs)]
 
 pub mod chaos;
 pub mod inproc;
+pub mod link;
 mod sync;
+pub mod udp;

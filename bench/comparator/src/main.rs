@@ -26,7 +26,7 @@ OPTIONS:
   --config LIST      comma-separated configurations (default: shm,oversubscribed):
                        shm             2 ranks, one per core, shared memory (rankweave: in-process)
                        oversubscribed  4 ranks on the 2 cores
-                       udp             rankweave over UDP vs MPI over TCP (needs the UDP transport)
+                       udp             rankweave over UDP (reliability on) vs MPI over TCP
   --quick            smoke run: sizes 1..64, 10 iterations, 1 round
   --out DIR          where to write results.md, results.csv and plots (default bench/results/latest)
   --book             also write the book's performance chapter data (book/src/performance/)

@@ -108,11 +108,12 @@ fn command(plan: &Plan, imp: Impl, config: Config, bench: &str) -> Result<Comman
     let pinned = config == Config::Shm;
     let mut cmd = match imp {
         Impl::Rankweave => {
-            if config == Config::Udp {
-                return Err("rankweave's UDP transport is not built yet".into());
-            }
             let mut c = Command::new(root.join("target/release/rw-bench"));
             c.arg(bench).args(["--ranks", &n]);
+            if config == Config::Udp {
+                // In-process ranks, each with its own UDP sockets and the reliability layer.
+                c.env("RANKWEAVE_TRANSPORT", "udp");
+            }
             c
         }
         Impl::Mpich => {

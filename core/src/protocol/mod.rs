@@ -274,7 +274,7 @@ impl Endpoint {
 
     /// Counters.
     pub fn stats(&self) -> Stats {
-        let mut s = self.stats;
+        let mut s = self.stats.clone();
         s.unexpected_messages = self.matcher.unexpected_len() as u64;
         s.unexpected_bytes = self.unexpected_bytes as u64;
         s.posted_receives = self.matcher.posted_len() as u64;

@@ -253,7 +253,9 @@ impl Driver {
 
     /// Counters of this rank.
     pub(crate) fn stats(&self) -> Stats {
-        self.lock().endpoint.stats()
+        let mut stats = self.lock().endpoint.stats();
+        stats.transport = self.transport.stats();
+        stats
     }
 
     /// The last communicator of this rank is gone: let the progress task finish pending sends

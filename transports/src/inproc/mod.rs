@@ -7,6 +7,7 @@
 
 pub mod carrier;
 mod mailbox;
+pub mod reliable;
 
 use std::sync::Arc;
 use std::task::{Context, Poll};

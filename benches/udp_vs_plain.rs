@@ -1,0 +1,291 @@
+//! rankweave over UDP against a plain busy-polling UDP ping-pong, interleaved in one run.
+//!
+//! `cargo bench --bench udp_vs_plain` (`-- --rounds 7` for more repetitions, `--quick` for a
+//! smoke run). Configurations run in turn (A B C A B C …) so the VM's drifting vCPU placement
+//! hits all of them alike; the report gives medians over the rounds and ratios.
+//!
+//! * **latency** (one-way, round trip / 2) at 1 B, 1 KiB, 64 KiB, 1 MiB: a plain UDP ping-pong
+//!   between two threads busy-polling non-blocking sockets (messages above one datagram are cut
+//!   into 65 000-byte datagrams, sent back to back), against rankweave over UDP with the
+//!   reliability layer on and off (spin progress policy, 2 in-process ranks, 2 tokio workers).
+//! * **bandwidth** at 64 KiB, 1 MiB, 4 MiB, osu_bw style (windows of 64 sends, then a 1-byte
+//!   reply): reliability on, off, and on under 1% injected loss.
+//!
+//! Ratios: latency against plain UDP; "cost" = on / off − 1 (latency) or 1 − on / off
+//! (bandwidth); under loss, against the lossless figure of the same round.
+
+use std::net::UdpSocket;
+use std::time::Instant;
+
+use bytes::Bytes;
+use rankweave::{Config, ProgressPolicy, TransportKind};
+use rankweave_core::ChaosSpec;
+
+const LAT_SIZES: [usize; 4] = [1, 1024, 64 << 10, 1 << 20];
+const BW_SIZES: [usize; 3] = [64 << 10, 1 << 20, 4 << 20];
+const WINDOW: usize = 64;
+const DATAGRAM: usize = 65_000;
+
+struct Plan {
+    rounds: usize,
+    quick: bool,
+}
+
+impl Plan {
+    fn latency_iters(&self, size: usize) -> usize {
+        let base = if self.quick { 200 } else { 5000 };
+        if size >= 1 << 20 {
+            base / 50
+        } else if size >= 64 << 10 {
+            base / 5
+        } else {
+            base
+        }
+    }
+
+    fn bw_windows(&self, size: usize) -> usize {
+        let bytes = if self.quick { 64 << 20 } else { 512 << 20 };
+        (bytes / (size * WINDOW)).max(2)
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
+fn udp_config(reliability: bool, chaos: Option<&str>) -> Config {
+    Config {
+        transport: TransportKind::Udp,
+        reliability: Some(reliability),
+        progress: ProgressPolicy::Spin,
+        chaos: chaos.map(|s| ChaosSpec::parse(s).expect("chaos spec")),
+        ..Config::from_env().expect("RANKWEAVE_* settings")
+    }
+}
+
+/// Sends `len` bytes as back-to-back datagrams of at most [`DATAGRAM`] bytes.
+fn plain_send(s: &UdpSocket, buf: &[u8], len: usize) {
+    let mut off = 0;
+    loop {
+        let n = (len - off).min(DATAGRAM);
+        loop {
+            match s.send(&buf[..n.max(1)]) {
+                Ok(_) => break,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::hint::spin_loop(),
+                Err(e) => panic!("send: {e}"),
+            }
+        }
+        off += n;
+        if off >= len {
+            return;
+        }
+    }
+}
+
+/// Busy-polls until `len` bytes (at least one datagram) arrived.
+fn plain_recv(s: &UdpSocket, buf: &mut [u8], len: usize) {
+    let mut got = 0;
+    loop {
+        match s.recv(buf) {
+            Ok(n) => {
+                got += n;
+                if got >= len.max(1) {
+                    return;
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::hint::spin_loop(),
+            Err(e) => panic!("recv: {e}"),
+        }
+    }
+}
+
+/// One-way latency in µs of a plain busy-polling UDP ping-pong between two threads.
+fn plain_latency(size: usize, iters: usize) -> f64 {
+    let a = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let b = UdpSocket::bind("127.0.0.1:0").unwrap();
+    for s in [&a, &b] {
+        s.set_nonblocking(true).unwrap();
+        let sock = socket2::SockRef::from(s);
+        let _ = sock.set_recv_buffer_size(16 << 20);
+        let _ = sock.set_send_buffer_size(16 << 20);
+    }
+    a.connect(b.local_addr().unwrap()).unwrap();
+    b.connect(a.local_addr().unwrap()).unwrap();
+    let warmup = iters / 10;
+    let echo = std::thread::spawn(move || {
+        let mut buf = vec![0u8; DATAGRAM.max(size)];
+        for _ in 0..warmup + iters {
+            plain_recv(&b, &mut buf, size);
+            plain_send(&b, &buf, size);
+        }
+    });
+    let mut buf = vec![1u8; DATAGRAM.max(size)];
+    let mut start = Instant::now();
+    for i in 0..warmup + iters {
+        if i == warmup {
+            start = Instant::now();
+        }
+        plain_send(&a, &buf.clone(), size);
+        plain_recv(&a, &mut buf, size);
+    }
+    let t = start.elapsed().as_secs_f64() * 1e6 / (2.0 * iters as f64);
+    echo.join().unwrap();
+    t
+}
+
+/// One-way latency in µs of a rankweave ping-pong over UDP.
+fn rankweave_latency(config: Config, size: usize, iters: usize) -> f64 {
+    runtime().block_on(async move {
+        let out = rankweave::local_with(config, 2, move |comm| async move {
+            let payload = Bytes::from(vec![1u8; size]);
+            let other = 1 - comm.rank();
+            let warmup = iters / 10;
+            let mut start = Instant::now();
+            for i in 0..warmup + iters {
+                if i == warmup {
+                    start = Instant::now();
+                }
+                if comm.rank() == 0 {
+                    comm.send(other, 0, payload.clone()).await.expect("send");
+                    comm.recv(other, 0).await.expect("recv");
+                } else {
+                    let m = comm.recv(other, 0).await.expect("recv");
+                    comm.send(other, 0, m.into_data()).await.expect("send");
+                }
+            }
+            start.elapsed().as_secs_f64() * 1e6 / (2.0 * iters as f64)
+        })
+        .await
+        .expect("job");
+        out[0]
+    })
+}
+
+/// osu_bw-style bandwidth in MB/s (10^6 bytes per second).
+fn rankweave_bandwidth(config: Config, size: usize, windows: usize) -> f64 {
+    runtime().block_on(async move {
+        let out = rankweave::local_with(config, 2, move |comm| async move {
+            let payload = Bytes::from(vec![7u8; size]);
+            let other = 1 - comm.rank();
+            let warmup = 1;
+            let mut start = Instant::now();
+            for w in 0..warmup + windows {
+                if w == warmup {
+                    start = Instant::now();
+                }
+                if comm.rank() == 0 {
+                    let sends: Vec<_> = (0..WINDOW)
+                        .map(|_| comm.send(other, 1, payload.clone()))
+                        .collect();
+                    for s in sends {
+                        s.await.expect("send");
+                    }
+                    comm.recv(other, 2).await.expect("ack");
+                } else {
+                    let recvs: Vec<_> = (0..WINDOW).map(|_| comm.recv(other, 1)).collect();
+                    for r in recvs {
+                        r.await.expect("recv");
+                    }
+                    comm.send(other, 2, Bytes::from_static(b"k"))
+                        .await
+                        .expect("ack");
+                }
+            }
+            (size * WINDOW * windows) as f64 / start.elapsed().as_secs_f64() / 1e6
+        })
+        .await
+        .expect("job");
+        out[0]
+    })
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    if n == 0 {
+        f64::NAN
+    } else if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+fn size_name(size: usize) -> String {
+    match size {
+        s if s >= 1 << 20 => format!("{} MiB", s >> 20),
+        s if s >= 1 << 10 => format!("{} KiB", s >> 10),
+        s => format!("{s} B"),
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    let rounds = args
+        .iter()
+        .position(|a| a == "--rounds")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(if quick { 1 } else { 5 });
+    let plan = Plan { rounds, quick };
+    // The benchmark harness passes `--bench`; ignore anything else.
+
+    println!("# rankweave over UDP vs plain UDP ({rounds} rounds, medians)");
+    println!();
+    println!("## One-way latency (µs)");
+    println!();
+    println!(
+        "| size | plain UDP | reliability on | ratio | reliability off | ratio | cost of reliability |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for size in LAT_SIZES {
+        let iters = plan.latency_iters(size);
+        let (mut plain, mut on, mut off) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..plan.rounds {
+            plain.push(plain_latency(size, iters));
+            on.push(rankweave_latency(udp_config(true, None), size, iters));
+            off.push(rankweave_latency(udp_config(false, None), size, iters));
+        }
+        let (p, n, f) = (median(&mut plain), median(&mut on), median(&mut off));
+        println!(
+            "| {} | {p:.2} | {n:.2} | {:.2}× | {f:.2} | {:.2}× | {:+.1}% |",
+            size_name(size),
+            n / p,
+            f / p,
+            (n / f - 1.0) * 100.0
+        );
+    }
+    println!();
+    println!("## Bandwidth (MB/s, window {WINDOW})");
+    println!();
+    println!(
+        "| size | reliability on | reliability off | cost of reliability | on, 1% loss | vs lossless |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for size in BW_SIZES {
+        let windows = plan.bw_windows(size);
+        let (mut on, mut off, mut lossy) = (Vec::new(), Vec::new(), Vec::new());
+        for round in 0..plan.rounds {
+            on.push(rankweave_bandwidth(udp_config(true, None), size, windows));
+            off.push(rankweave_bandwidth(udp_config(false, None), size, windows));
+            let spec = format!("seed={round},loss=0.01");
+            lossy.push(rankweave_bandwidth(
+                udp_config(true, Some(&spec)),
+                size,
+                windows,
+            ));
+        }
+        let (n, f, l) = (median(&mut on), median(&mut off), median(&mut lossy));
+        println!(
+            "| {} | {n:.0} | {f:.0} | {:+.1}% | {l:.0} | {:.0}% |",
+            size_name(size),
+            (1.0 - n / f) * 100.0,
+            l / n * 100.0
+        );
+    }
+}

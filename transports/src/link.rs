@@ -1,0 +1,574 @@
+//! [`LinkTransport`]: a [`Transport`] made of a [`Carrier`] and the end-to-end reliability layer.
+//!
+//! This is the thin IO driver around the sans-IO [`ReliableLink`]s (one per peer, created when
+//! the peer is first heard from or sent to): it feeds them the datagrams the carrier received and
+//! the time, sends what they produce over the routes they chose, and hands the frames they deliver
+//! to the message layer. Everything about sequence numbers, ACK/NACK, retransmission, striping and
+//! failover lives in `rankweave_core::reliability`; this file only moves bytes and counts.
+//!
+//! With reliability **off** each frame travels as one raw packet (job key and a header CRC, no
+//! sequence number) on route 0: nothing is retransmitted, so a lost datagram is a lost frame. That
+//! mode exists to measure what reliability costs and for fabrics that do not lose packets.
+//!
+//! # What happens to a received datagram
+//!
+//! 1. No known sender (`from: None`, or a rank outside the job) → dropped, `foreign_dropped`.
+//! 2. [`Packet::decode`] with the job key: a CRC mismatch → `crc_failures` and, with reliability
+//!    on, reported to the sender's link (which NACKs it); another job's key or a packet addressed
+//!    to another rank → `foreign_dropped`; anything else that does not decode → `malformed_dropped`.
+//! 3. A packet of the wrong mode (raw while reliability is on, or the reverse) → `malformed_dropped`.
+//! 4. Otherwise the link takes it; payloads it delivers (in order, exactly once) are decoded as
+//!    frames (`malformed_dropped` if that fails) and handed to the message layer.
+//!
+//! # Timers
+//!
+//! The links' retransmission, delayed-ACK and probe timers are served by
+//! [`poll_arrival`](Transport::poll_arrival), which the rank's progress task polls: it arms one
+//! tokio timer for the earliest deadline of all links. After the rank closes, a linger task keeps
+//! serving the links (up to [`LinkTransportConfig::linger`]) until everything it sent was
+//! acknowledged, so a rank that sends and exits does not lose its last messages.
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use rankweave_core::reliability::{
+    LinkConfig, LinkEvent, Packet, PacketBody, PacketError, ReliableLink,
+};
+use rankweave_core::stats::{RouteCounters, TransportStats};
+use rankweave_core::{Arrival, Capabilities, Carrier, Datagram, Transport, TransportError, wire};
+use rustc_hash::{FxHashMap, FxHashSet};
+use tokio::time::Sleep;
+
+/// Settings of a [`LinkTransport`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LinkTransportConfig {
+    /// This rank's world rank.
+    pub rank: u32,
+    /// Ranks in the job.
+    pub size: u32,
+    /// The job's key: packets carrying another are dropped as foreign.
+    pub job_key: u64,
+    /// Run the reliability layer (`true`) or send raw packets (`false`).
+    pub reliability: bool,
+    /// Settings of every peer's link.
+    pub link: LinkConfig,
+    /// How long a closed rank keeps retransmitting what its peers have not acknowledged yet.
+    pub linger: Duration,
+}
+
+impl LinkTransportConfig {
+    /// Defaults for rank `rank` of a `size`-rank job with key `job_key`, reliability on.
+    pub fn new(rank: u32, size: u32, job_key: u64) -> Self {
+        LinkTransportConfig {
+            rank,
+            size,
+            job_key,
+            reliability: true,
+            link: LinkConfig::default(),
+            linger: Duration::from_secs(2),
+        }
+    }
+}
+
+/// A transport made of a carrier and, optionally, the reliability layer (see the
+/// [module docs](self)).
+pub struct LinkTransport<C: Carrier> {
+    shared: Arc<Shared<C>>,
+}
+
+struct Shared<C> {
+    carrier: C,
+    config: LinkTransportConfig,
+    max_payload: usize,
+    closed: AtomicBool,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    links: FxHashMap<u32, ReliableLink>,
+    /// Peers reported lost (once each).
+    lost: FxHashSet<u32>,
+    /// Frames and losses ready for the message layer.
+    ready: VecDeque<Arrival>,
+    /// Scratch: what the carrier received.
+    datagrams: Vec<Datagram>,
+    /// Scratch: an outgoing packet's header.
+    header: Vec<u8>,
+    timer: Option<Pin<Box<Sleep>>>,
+    /// The deadline the parked progress task's timer is armed for (`None`: no timer), and its
+    /// waker: a link whose deadline becomes earlier (a send put a packet in flight, say) wakes
+    /// it to re-arm, or the retransmission would wait for some unrelated wake-up.
+    armed: Option<Instant>,
+    timer_waker: Option<std::task::Waker>,
+    counters: Counters,
+}
+
+/// Counters this layer keeps itself; the links keep the rest.
+#[derive(Default)]
+struct Counters {
+    foreign_dropped: u64,
+    malformed_dropped: u64,
+    crc_failures: u64,
+    send_errors: u64,
+    peers_lost: u64,
+    /// Raw mode only (with reliability on, the links count per route).
+    raw: Vec<RouteCounters>,
+}
+
+impl<C: Carrier> LinkTransport<C> {
+    /// Wraps `carrier`.
+    pub fn new(carrier: C, config: LinkTransportConfig) -> Self {
+        let routes = carrier.routes().max(1);
+        let header_room = if config.reliability {
+            Packet::max_data_header_len()
+        } else {
+            Packet::raw_header_len()
+        };
+        let max_payload = carrier
+            .max_datagram()
+            .saturating_sub(header_room + wire::MAX_HEADER_LEN)
+            .max(1);
+        let state = State {
+            counters: Counters {
+                raw: vec![RouteCounters::default(); routes],
+                ..Counters::default()
+            },
+            ..State::default()
+        };
+        LinkTransport {
+            shared: Arc::new(Shared {
+                carrier,
+                config,
+                max_payload,
+                closed: AtomicBool::new(false),
+                state: Mutex::new(state),
+            }),
+        }
+    }
+
+    /// The carrier underneath.
+    pub fn carrier(&self) -> &C {
+        &self.shared.carrier
+    }
+
+    /// One line per peer link: packets in flight, queued and held, the next timer, whether the
+    /// peer is dead, and the route states. For diagnosing a stuck job.
+    pub fn describe_links(&self) -> String {
+        let st = self.shared.lock();
+        let now = Instant::now();
+        let mut peers: Vec<_> = st.links.keys().copied().collect();
+        peers.sort_unstable();
+        let mut out = String::new();
+        for p in peers {
+            let l = &st.links[&p];
+            let timer = l
+                .poll_timeout()
+                .map(|t| format!("{:?}", t.saturating_duration_since(now)));
+            let routes: Vec<String> = l
+                .route_stats()
+                .iter()
+                .map(|r| format!("{}:{}", if r.up { "up" } else { "down" }, r.in_flight_bytes))
+                .collect();
+            out.push_str(&format!(
+                "peer {p}: in_flight {} queued {} held {} idle {} dead {} timer {:?} routes [{}] {:?}\n",
+                l.in_flight(),
+                l.queued(),
+                l.held(),
+                l.is_idle(),
+                l.is_dead(),
+                timer,
+                routes.join(" "),
+                l.stats(),
+            ));
+        }
+        out
+    }
+}
+
+impl<C: Carrier> Shared<C> {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn link<'a>(
+        &self,
+        links: &'a mut FxHashMap<u32, ReliableLink>,
+        peer: u32,
+    ) -> &'a mut ReliableLink {
+        links.entry(peer).or_insert_with(|| {
+            ReliableLink::new(
+                self.config.link.clone(),
+                self.config.job_key,
+                self.config.rank,
+                peer,
+                self.carrier.routes().max(1),
+            )
+        })
+    }
+
+    /// Receives, runs the links' timers, collects deliveries and sends what the links produced.
+    fn advance(&self, st: &mut State, now: Instant) {
+        let mut datagrams = std::mem::take(&mut st.datagrams);
+        if let Err(e) = self.carrier.recv(&mut datagrams) {
+            tracing::debug!(rank = self.config.rank, error = %e, "carrier receive failed");
+        }
+        let mut touched: Vec<u32> = Vec::new();
+        for d in datagrams.drain(..) {
+            if let Some(peer) = self.accept(st, now, d) {
+                touched.push(peer);
+            }
+        }
+        st.datagrams = datagrams;
+        if !self.config.reliability {
+            return;
+        }
+        let due: Vec<u32> = st
+            .links
+            .iter()
+            .filter(|(_, l)| l.poll_timeout().is_some_and(|t| t <= now))
+            .map(|(p, _)| *p)
+            .collect();
+        for peer in due {
+            if let Some(l) = st.links.get_mut(&peer) {
+                l.handle_timeout(now);
+            }
+            touched.push(peer);
+        }
+        touched.sort_unstable();
+        touched.dedup();
+        for peer in touched {
+            self.service(st, now, peer);
+        }
+    }
+
+    /// Decodes one datagram and hands it on; returns the peer whose link must be serviced.
+    fn accept(&self, st: &mut State, now: Instant, d: Datagram) -> Option<u32> {
+        let c = &mut st.counters;
+        let Some(from) = d.from.filter(|&f| f < self.config.size) else {
+            c.foreign_dropped += 1;
+            return None;
+        };
+        let packet = match Packet::decode(&d.bytes, self.config.job_key) {
+            Ok(p) => p,
+            Err(PacketError::CrcMismatch { seq, .. }) => {
+                c.crc_failures += 1;
+                if self.config.reliability && !st.lost.contains(&from) {
+                    self.link(&mut st.links, from)
+                        .handle_corrupt(now, d.route, seq);
+                    return Some(from);
+                }
+                return None;
+            }
+            Err(PacketError::ForeignJob { .. }) => {
+                c.foreign_dropped += 1;
+                return None;
+            }
+            Err(_) => {
+                c.malformed_dropped += 1;
+                return None;
+            }
+        };
+        if packet.source != from || packet.destination != self.config.rank {
+            c.foreign_dropped += 1;
+            return None;
+        }
+        match (&packet.body, self.config.reliability) {
+            (PacketBody::Raw { payload }, false) => {
+                if let Some(r) = c.raw.get_mut(d.route) {
+                    r.frames_received += 1;
+                    r.bytes_received += d.bytes.len() as u64;
+                }
+                let payload = payload.clone();
+                self.deliver(st, from, payload);
+                None
+            }
+            (PacketBody::Raw { .. }, true) | (_, false) => {
+                c.malformed_dropped += 1;
+                None
+            }
+            (_, true) => {
+                if st.lost.contains(&from) {
+                    return None;
+                }
+                self.link(&mut st.links, from)
+                    .handle_packet(now, d.route, packet);
+                Some(from)
+            }
+        }
+    }
+
+    /// Decodes a delivered payload as a frame and queues it for the message layer.
+    fn deliver(&self, st: &mut State, from: u32, payload: Bytes) {
+        match wire::decode(payload) {
+            Ok(frame) => st.ready.push_back(Arrival::Frame { from, frame }),
+            Err(e) => {
+                tracing::debug!(rank = self.config.rank, from, error = %e, "undecodable frame");
+                st.counters.malformed_dropped += 1;
+            }
+        }
+    }
+
+    /// Takes a link's deliveries and events, and sends its packets.
+    fn service(&self, st: &mut State, now: Instant, peer: u32) {
+        let Some(mut link) = st.links.remove(&peer) else {
+            return;
+        };
+        while let Some(p) = link.poll_deliver() {
+            self.deliver(st, peer, p);
+        }
+        while let Some(ev) = link.poll_event() {
+            match ev {
+                LinkEvent::PeerDead { rank } => {
+                    if st.lost.insert(rank) {
+                        st.counters.peers_lost += 1;
+                        st.ready.push_back(Arrival::PeerLost { rank });
+                        tracing::warn!(
+                            rank = self.config.rank,
+                            peer = rank,
+                            "peer stopped answering"
+                        );
+                    }
+                }
+                LinkEvent::RouteDown { rank, route } => {
+                    tracing::warn!(rank = self.config.rank, peer = rank, route, "route down");
+                }
+                LinkEvent::RouteUp { rank, route } => {
+                    tracing::info!(rank = self.config.rank, peer = rank, route, "route back up");
+                }
+            }
+        }
+        while let Some(t) = link.poll_transmit(now) {
+            t.packet.write_header(&mut st.header);
+            let payload = t.packet.payload().map_or(&[][..], |p| &p[..]);
+            if self
+                .carrier
+                .send(t.route, peer, &[&st.header, payload])
+                .is_err()
+            {
+                st.counters.send_errors += 1;
+            }
+        }
+        if let Some(d) = link.poll_timeout() {
+            if st.armed.is_none_or(|a| d < a) {
+                if let Some(w) = st.timer_waker.take() {
+                    st.armed = Some(d);
+                    w.wake();
+                }
+            }
+        }
+        st.links.insert(peer, link);
+    }
+
+    fn next_deadline(&self, st: &State) -> Option<Instant> {
+        st.links
+            .values()
+            .filter_map(ReliableLink::poll_timeout)
+            .min()
+    }
+
+    /// Arms the timer for the links' earliest deadline; `Ready` when it has passed.
+    fn poll_timer(&self, st: &mut State, cx: &mut Context<'_>) -> Poll<()> {
+        match &st.timer_waker {
+            Some(w) if w.will_wake(cx.waker()) => {}
+            _ => st.timer_waker = Some(cx.waker().clone()),
+        }
+        st.armed = self.next_deadline(st);
+        let Some(deadline) = st.armed else {
+            st.timer = None;
+            return Poll::Pending;
+        };
+        let deadline = tokio::time::Instant::from_std(deadline);
+        let timer = match &mut st.timer {
+            Some(t) => {
+                if t.deadline() != deadline {
+                    t.as_mut().reset(deadline);
+                }
+                t
+            }
+            None => st
+                .timer
+                .insert(Box::pin(tokio::time::sleep_until(deadline))),
+        };
+        timer.as_mut().poll(cx)
+    }
+
+    fn all_quiet(&self, st: &State) -> bool {
+        st.links
+            .iter()
+            .all(|(p, l)| l.is_idle() || l.is_dead() || st.lost.contains(p))
+    }
+
+    fn stats(&self, st: &State) -> TransportStats {
+        let c = &st.counters;
+        let mut t = TransportStats::default();
+        t.reliability = self.config.reliability;
+        t.foreign_dropped = c.foreign_dropped;
+        t.malformed_dropped = c.malformed_dropped;
+        t.crc_failures = c.crc_failures;
+        t.send_errors = c.send_errors;
+        t.peers_lost = c.peers_lost;
+        t.routes = c.raw.clone();
+        for link in st.links.values() {
+            let s = link.stats();
+            t.retransmissions += s.retransmitted;
+            t.timeouts += s.timeouts;
+            t.duplicates_dropped += s.duplicates_dropped;
+            t.acks_sent += s.acks_sent;
+            t.nacks_sent += s.nacks_sent;
+            for (r, rs) in link.route_stats().iter().enumerate() {
+                if let Some(out) = t.routes.get_mut(r) {
+                    out.frames_sent += rs.packets_sent;
+                    out.bytes_sent += rs.bytes_sent;
+                    out.frames_received += rs.packets_received;
+                    out.bytes_received += rs.bytes_received;
+                    out.retransmissions += rs.retransmitted;
+                    out.failovers += rs.failovers;
+                    out.recoveries += rs.recoveries;
+                    out.down_for_peers += u64::from(!rs.up);
+                }
+                t.route_failovers += rs.failovers;
+                t.route_recoveries += rs.recoveries;
+            }
+        }
+        t
+    }
+}
+
+impl<C: Carrier> Transport for LinkTransport<C> {
+    fn capabilities(&self) -> Capabilities {
+        let reliable = self.shared.config.reliability;
+        Capabilities {
+            reliable,
+            ordered: reliable,
+            max_payload: self.shared.max_payload,
+            multicast: false,
+            rdma: false,
+            by_reference: false,
+        }
+    }
+
+    fn send(&self, to: u32, frame: rankweave_core::frame::Frame) -> Result<(), TransportError> {
+        let sh = &*self.shared;
+        if to >= sh.config.size {
+            return Err(TransportError::PeerUnreachable(to as usize));
+        }
+        if sh.closed.load(Ordering::Relaxed) {
+            return Err(TransportError::Closed);
+        }
+        let bytes = wire::encode(&frame);
+        let mut st = sh.lock();
+        if st.lost.contains(&to) {
+            return Err(TransportError::PeerUnreachable(to as usize));
+        }
+        if sh.config.reliability {
+            let now = Instant::now();
+            sh.link(&mut st.links, to).send(now, bytes);
+            sh.service(&mut st, now, to);
+            return Ok(());
+        }
+        let packet = Packet {
+            job_key: sh.config.job_key,
+            source: sh.config.rank,
+            destination: to,
+            body: PacketBody::Raw { payload: bytes },
+        };
+        let st = &mut *st;
+        packet.write_header(&mut st.header);
+        let payload = packet.payload().map_or(&[][..], |p| &p[..]);
+        let len = st.header.len() + payload.len();
+        sh.carrier.send(0, to, &[&st.header, payload])?;
+        if let Some(r) = st.counters.raw.get_mut(0) {
+            r.frames_sent += 1;
+            r.bytes_sent += len as u64;
+        }
+        Ok(())
+    }
+
+    fn drain(&self, out: &mut Vec<Arrival>) -> Result<usize, TransportError> {
+        let sh = &*self.shared;
+        let mut st = sh.lock();
+        sh.advance(&mut st, Instant::now());
+        let n = st.ready.len();
+        out.extend(st.ready.drain(..));
+        Ok(n)
+    }
+
+    fn poll_arrival(&self, cx: &mut Context<'_>) -> Poll<()> {
+        let sh = &*self.shared;
+        let mut st = sh.lock();
+        if !st.ready.is_empty() {
+            return Poll::Ready(());
+        }
+        let received = sh.carrier.poll_recv_ready(cx);
+        let timer = sh.poll_timer(&mut st, cx);
+        if received.is_ready() || timer.is_ready() {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    }
+
+    fn close(&self) {
+        let sh = &self.shared;
+        if sh.closed.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let quiet = !sh.config.reliability || sh.all_quiet(&sh.lock());
+        let handle = tokio::runtime::Handle::try_current();
+        match handle {
+            Ok(h) if !quiet => {
+                h.spawn(linger(Arc::clone(sh)));
+            }
+            _ => sh.carrier.close(),
+        }
+    }
+
+    fn stats(&self) -> TransportStats {
+        let sh = &*self.shared;
+        sh.stats(&sh.lock())
+    }
+}
+
+/// Keeps a closed rank's links running until its peers acknowledged everything (or the linger
+/// time is up), then closes the carrier. Frames that still arrive are dropped.
+async fn linger<C: Carrier>(sh: Arc<Shared<C>>) {
+    let until = Instant::now() + sh.config.linger;
+    loop {
+        {
+            let mut st = sh.lock();
+            sh.advance(&mut st, Instant::now());
+            st.ready.clear();
+            if sh.all_quiet(&st) || Instant::now() >= until {
+                break;
+            }
+        }
+        let wait = std::future::poll_fn(|cx| {
+            let mut st = sh.lock();
+            let r = sh.carrier.poll_recv_ready(cx);
+            if r.is_ready() || sh.poll_timer(&mut st, cx).is_ready() {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        });
+        let _ = tokio::time::timeout_at(tokio::time::Instant::from_std(until), wait).await;
+    }
+    sh.carrier.close();
+}
+
+impl<C: Carrier> std::fmt::Debug for LinkTransport<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LinkTransport")
+            .field("rank", &self.shared.config.rank)
+            .field("size", &self.shared.config.size)
+            .field("reliability", &self.shared.config.reliability)
+            .field("routes", &self.shared.carrier.routes())
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,157 @@
+//! One route's socket: set-up, gathered sends, receives into caller buffers, readiness.
+
+use std::io::{self, IoSlice};
+use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
+use std::task::{Context, Poll};
+
+use bytes::BytesMut;
+use rankweave_core::TransportError;
+use socket2::{Domain, Protocol, SockAddr, SockRef, Socket, Type};
+use tokio::net::UdpSocket;
+
+/// A non-blocking UDP socket registered with the tokio reactor (for parking only: sends and
+/// receives are direct system calls, so busy-polling never depends on the reactor running).
+#[derive(Debug)]
+pub struct RouteSocket {
+    socket: UdpSocket,
+    local: SocketAddr,
+}
+
+fn io_error(op: &'static str, e: io::Error) -> TransportError {
+    TransportError::Io {
+        op,
+        message: e.to_string(),
+    }
+}
+
+impl RouteSocket {
+    /// Binds a socket at `addr` (port 0: an ephemeral port) with `buffer` bytes of kernel send
+    /// and receive buffer (forced past the system limit when permitted).
+    pub fn bind(addr: SocketAddr, buffer: usize) -> Result<RouteSocket, TransportError> {
+        let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))
+            .map_err(|e| io_error("create UDP socket", e))?;
+        socket
+            .set_nonblocking(true)
+            .map_err(|e| io_error("set UDP socket non-blocking", e))?;
+        set_buffers(&socket, buffer);
+        socket
+            .bind(&SockAddr::from(addr))
+            .map_err(|e| io_error("bind UDP socket", e))?;
+        let local = socket
+            .local_addr()
+            .ok()
+            .and_then(|a| a.as_socket())
+            .ok_or_else(|| io_error("read UDP socket address", io::ErrorKind::Other.into()))?;
+        // Registering with a runtime whose IO driver is disabled panics inside tokio; turn that
+        // into an error that says what to do.
+        let std_socket: std::net::UdpSocket = socket.into();
+        let socket = std::panic::catch_unwind(move || UdpSocket::from_std(std_socket))
+            .map_err(|_| TransportError::Io {
+                op: "register UDP socket",
+                message: "the tokio runtime has IO disabled (build it with enable_all())".into(),
+            })?
+            .map_err(|e| io_error("register UDP socket", e))?;
+        Ok(RouteSocket { socket, local })
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// Sends one datagram made of `parts` to `to`. A full socket buffer is reported as an
+    /// [`Io`](TransportError::Io) error (the reliability layer treats it as a loss).
+    pub fn send_to(&self, parts: &[&[u8]], to: SocketAddr) -> Result<(), TransportError> {
+        let mut slices = [IoSlice::new(&[]); 4];
+        let n = parts.len().min(slices.len());
+        for (s, p) in slices.iter_mut().zip(parts) {
+            *s = IoSlice::new(p);
+        }
+        let owned;
+        let bufs: &[IoSlice<'_>] = if parts.len() <= slices.len() {
+            &slices[..n]
+        } else {
+            owned = parts.iter().map(|p| IoSlice::new(p)).collect::<Vec<_>>();
+            &owned
+        };
+        SockRef::from(&self.socket)
+            .send_to_vectored(bufs, &SockAddr::from(to))
+            .map(|_| ())
+            .map_err(|e| io_error("UDP send", e))
+    }
+
+    /// Receives one datagram into `buf` (cleared first; at most `cap` bytes). `None` when
+    /// nothing is waiting.
+    pub fn recv_into(
+        &self,
+        buf: &mut BytesMut,
+        cap: usize,
+    ) -> Result<Option<(usize, SocketAddr)>, TransportError> {
+        buf.clear();
+        buf.reserve(cap);
+        loop {
+            let spare = &mut buf.spare_capacity_mut()[..cap];
+            match SockRef::from(&self.socket).recv_from(spare) {
+                Ok((n, from)) => {
+                    // SAFETY: `recv_from` initialised the first `n` bytes of the spare
+                    // capacity, and `n <= cap <= spare capacity`.
+                    unsafe { buf.set_len(n) };
+                    let Some(from) = from.as_socket() else {
+                        // Not an IP sender (cannot happen on a UDP socket): ignore it.
+                        buf.clear();
+                        continue;
+                    };
+                    return Ok(Some((n, from)));
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                // ICMP errors of earlier sends (port unreachable from a peer that is gone) are
+                // reported on a later receive; they say nothing about this one.
+                Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => continue,
+                Err(e) => return Err(io_error("UDP receive", e)),
+            }
+        }
+    }
+
+    /// `Ready` if a datagram is waiting; otherwise registers the waker with the reactor.
+    pub fn poll_readable(&self, cx: &mut Context<'_>) -> Poll<()> {
+        // Peeking clears the reactor's stale readiness when nothing is there (we receive with
+        // direct system calls the reactor does not see), so this never spins on old events.
+        match self.socket.poll_peek_sender(cx) {
+            Poll::Ready(_) => Poll::Ready(()),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+/// Asks for `size`-byte kernel buffers, first past the system limits (root only), then within.
+fn set_buffers(socket: &Socket, size: usize) {
+    let size_c = libc::c_int::try_from(size).unwrap_or(libc::c_int::MAX);
+    for (force, normal) in [
+        (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF),
+        (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF),
+    ] {
+        // SAFETY: setsockopt reads `size_of::<c_int>()` bytes from a valid `c_int` on a socket
+        // descriptor we own; failure only returns an error code.
+        let forced = unsafe {
+            libc::setsockopt(
+                socket.as_raw_fd(),
+                libc::SOL_SOCKET,
+                force,
+                (&raw const size_c).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        } == 0;
+        if !forced {
+            let r = if normal == libc::SO_RCVBUF {
+                socket.set_recv_buffer_size(size)
+            } else {
+                socket.set_send_buffer_size(size)
+            };
+            if let Err(e) = r {
+                tracing::debug!(error = %e, "could not set UDP socket buffer size");
+            }
+        }
+    }
+}

@@ -1,0 +1,130 @@
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use super::*;
+
+fn pair() -> (UdpCarrier, UdpCarrier) {
+    let s = UdpSettings::default();
+    let a = UdpCarrier::bind(0, &s).unwrap();
+    let b = UdpCarrier::bind(1, &s).unwrap();
+    a.add_peer(1, &b.local_addrs());
+    b.add_peer(0, &a.local_addrs());
+    (a, b)
+}
+
+/// Receives until `n` datagrams arrived (loopback delivery is immediate, but allow a moment).
+fn recv_n(c: &UdpCarrier, n: usize) -> Vec<Datagram> {
+    let mut out = Vec::new();
+    let until = Instant::now() + Duration::from_secs(5);
+    while out.len() < n && Instant::now() < until {
+        c.recv(&mut out).unwrap();
+    }
+    out
+}
+
+#[tokio::test]
+async fn gathered_parts_arrive_as_one_datagram_from_a_known_rank() {
+    let (a, b) = pair();
+    a.send(0, 1, &[b"head", b"", b"payload"]).unwrap();
+    let got = recv_n(&b, 1);
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].from, Some(0));
+    assert_eq!(got[0].route, 0);
+    assert_eq!(&got[0].bytes[..], b"headpayload");
+}
+
+#[tokio::test]
+async fn large_datagrams_keep_their_buffer_and_small_ones_are_copied() {
+    let (a, b) = pair();
+    let big = vec![7u8; COPY_THRESHOLD + 100];
+    a.send(0, 1, &[&big]).unwrap();
+    a.send(0, 1, &[b"x"]).unwrap();
+    let got = recv_n(&b, 2);
+    assert_eq!(got.len(), 2);
+    assert_eq!(&got[0].bytes[..], &big[..]);
+    assert_eq!(&got[1].bytes[..], b"x");
+}
+
+#[tokio::test]
+async fn unknown_senders_are_not_attributed() {
+    let (_a, b) = pair();
+    let stranger = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    stranger.send_to(b"hello", b.local_addrs()[0]).unwrap();
+    let got = recv_n(&b, 1);
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].from, None);
+}
+
+#[tokio::test]
+async fn bad_sends_are_errors() {
+    let (a, _b) = pair();
+    assert_eq!(
+        a.send(0, 5, &[b"x"]),
+        Err(TransportError::PeerUnreachable(5))
+    );
+    assert_eq!(
+        a.send(3, 1, &[b"x"]),
+        Err(TransportError::PeerUnreachable(1))
+    );
+    let too_big = vec![0u8; a.max_datagram() + 1];
+    assert!(matches!(
+        a.send(0, 1, &[&too_big]),
+        Err(TransportError::Io { .. })
+    ));
+    a.close();
+    assert_eq!(a.send(0, 1, &[b"x"]), Err(TransportError::Closed));
+}
+
+#[tokio::test]
+async fn oversized_datagrams_are_cut_to_one_byte_over_the_limit() {
+    let s = UdpSettings {
+        max_datagram: 1000,
+        ..UdpSettings::default()
+    };
+    let b = UdpCarrier::bind(1, &s).unwrap();
+    let stranger = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    stranger.send_to(&[1u8; 3000], b.local_addrs()[0]).unwrap();
+    let got = recv_n(&b, 1);
+    // The layer above sees a datagram longer than any packet it sends and drops it.
+    assert_eq!(got[0].bytes.len(), 1001);
+}
+
+#[tokio::test]
+async fn readiness_wakes_and_clears() {
+    let (a, b) = pair();
+    let waker = Waker::noop();
+    let mut cx = Context::from_waker(waker);
+    // Nothing there: pending (and the stale state is cleared).
+    assert_eq!(b.poll_recv_ready(&mut cx), Poll::Pending);
+    a.send(0, 1, &[b"ping"]).unwrap();
+    let until = Instant::now() + Duration::from_secs(5);
+    let ready = tokio::time::timeout(
+        Duration::from_secs(5),
+        std::future::poll_fn(|cx| b.poll_recv_ready(cx)),
+    )
+    .await;
+    assert!(ready.is_ok() && Instant::now() < until);
+    assert_eq!(recv_n(&b, 1).len(), 1);
+    assert_eq!(b.poll_recv_ready(&mut cx), Poll::Pending);
+}
+
+#[tokio::test]
+async fn several_routes_bind_on_their_own_addresses() {
+    let s = UdpSettings {
+        routes: vec![IpAddr::from([127, 0, 0, 1]), IpAddr::from([127, 0, 0, 2])],
+        ..UdpSettings::default()
+    };
+    let a = UdpCarrier::bind(0, &s).unwrap();
+    let b = UdpCarrier::bind(1, &s).unwrap();
+    a.add_peer(1, &b.local_addrs());
+    b.add_peer(0, &a.local_addrs());
+    assert_eq!(a.routes(), 2);
+    assert_eq!(b.local_addrs()[1].ip(), IpAddr::from([127, 0, 0, 2]));
+    a.send(1, 1, &[b"second"]).unwrap();
+    a.send(0, 1, &[b"first"]).unwrap();
+    let mut got = recv_n(&b, 2);
+    got.sort_by_key(|d| d.route);
+    assert_eq!((got[0].route, &got[0].bytes[..]), (0, &b"first"[..]));
+    assert_eq!((got[1].route, &got[1].bytes[..]), (1, &b"second"[..]));
+    assert!(got.iter().all(|d| d.from == Some(0)));
+}
