@@ -253,7 +253,7 @@ pub fn bind_job(n: u32, settings: &UdpSettings) -> Result<Vec<UdpCarrier>, Trans
 /// its own UDP sockets (one per route in `config.routes`, loopback when empty), rank order.
 ///
 /// Reliability follows [`Config::reliability_for`]; a `config.chaos` spec wraps every rank's
-/// routes in a [`ChaosCarrier`](crate::chaos::ChaosCarrier). Must be called inside a tokio
+/// routes in a [`ChaosCarrier`]. Must be called inside a tokio
 /// runtime with IO and time enabled.
 pub fn world(n: usize, config: &Config) -> Result<Vec<Communicator>, Error> {
     if n == 0 {
