@@ -11,6 +11,8 @@
 //! * **bandwidth** at 64 KiB, 1 MiB, 4 MiB, osu_bw style (windows of 64 sends, then a 1-byte
 //!   reply): reliability on, off, and on under 1% injected loss.
 //!
+//! `--latency` or `--bandwidth` runs only that part.
+//!
 //! Ratios: latency against plain UDP; "cost" = on / off − 1 (latency) or 1 − on / off
 //! (bandwidth); under loss, against the lossless figure of the same round.
 
@@ -233,6 +235,11 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(if quick { 1 } else { 5 });
     let plan = Plan { rounds, quick };
+    let flag = |f: &str| args.iter().any(|a| a == f);
+    let (latency, bandwidth) = match (flag("--latency"), flag("--bandwidth")) {
+        (false, false) => (true, true),
+        (l, b) => (l, b),
+    };
     // The benchmark harness passes `--bench`; ignore anything else.
 
     println!("# rankweave over UDP vs plain UDP ({rounds} rounds, medians)");
@@ -243,7 +250,7 @@ fn main() {
         "| size | plain UDP | reliability on | ratio | reliability off | ratio | cost of reliability |"
     );
     println!("|---|---|---|---|---|---|---|");
-    for size in LAT_SIZES {
+    for size in LAT_SIZES.into_iter().filter(|_| latency) {
         let iters = plan.latency_iters(size);
         let (mut plain, mut on, mut off) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..plan.rounds {
@@ -267,7 +274,7 @@ fn main() {
         "| size | reliability on | reliability off | cost of reliability | on, 1% loss | vs lossless |"
     );
     println!("|---|---|---|---|---|---|");
-    for size in BW_SIZES {
+    for size in BW_SIZES.into_iter().filter(|_| bandwidth) {
         let windows = plan.bw_windows(size);
         let (mut on, mut off, mut lossy) = (Vec::new(), Vec::new(), Vec::new());
         for round in 0..plan.rounds {
@@ -279,6 +286,13 @@ fn main() {
                 size,
                 windows,
             ));
+            eprintln!(
+                "  bandwidth {} round {round}: on {:.0}, off {:.0}, 1% loss {:.0} MB/s",
+                size_name(size),
+                on[round],
+                off[round],
+                lossy[round]
+            );
         }
         let (n, f, l) = (median(&mut on), median(&mut off), median(&mut lossy));
         println!(

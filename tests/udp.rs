@@ -399,3 +399,45 @@ async fn foreign_and_random_datagrams_are_dropped_and_counted() {
     assert_eq!(s.malformed_dropped, 5 * 50, "{s:?}");
     assert_eq!(comms[1].stats().protocol_errors, 0);
 }
+
+/// osu_bw's pattern: windows of 64 concurrent 1 MiB sends against 64 posted receives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn windows_of_concurrent_large_sends_complete() {
+    let (comms, transports) = chaos_job(
+        2,
+        &[IpAddr::from([127, 0, 0, 1])],
+        &ChaosSpec::seeded(0),
+        &Config::from_env().unwrap(),
+    );
+    let run = async {
+        for w in 0..3u64 {
+            let receiver = comms[1].clone();
+            let recvs = tokio::spawn(async move {
+                let rs: Vec<_> = (0..64)
+                    .map(|_| receiver.recv(Source::Rank(0), Tag::Value(1)))
+                    .collect();
+                for (i, r) in rs.into_iter().enumerate() {
+                    let m = r.await.unwrap();
+                    assert_pattern(m.data(), w * 100 + i as u64, 1 << 20);
+                }
+            });
+            let sends: Vec<_> = (0..64u64)
+                .map(|i| comms[0].send(1, 1, Bytes::from(pattern(w * 100 + i, 1 << 20))))
+                .collect();
+            for s in sends {
+                s.await.unwrap();
+            }
+            recvs.await.unwrap();
+        }
+    };
+    if tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .is_err()
+    {
+        for (t, c) in transports.iter().zip(&comms) {
+            eprintln!("rank {}: {:?}", c.rank(), c.stats());
+            eprintln!("{}", t.describe_links());
+        }
+        panic!("windows of 1 MiB sends did not finish within 60 s");
+    }
+}

@@ -56,7 +56,7 @@ impl Default for UdpSettings {
         UdpSettings {
             routes: vec![IpAddr::from([127, 0, 0, 1])],
             max_datagram: MAX_UDP_PAYLOAD,
-            socket_buffer: 16 << 20,
+            socket_buffer: 64 << 20,
         }
     }
 }
