@@ -279,7 +279,13 @@ fn main() {
         let (mut on, mut off, mut lossy) = (Vec::new(), Vec::new(), Vec::new());
         for round in 0..plan.rounds {
             on.push(rankweave_bandwidth(udp_config(true, None), size, windows));
-            off.push(rankweave_bandwidth(udp_config(false, None), size, windows));
+            // Without reliability a window of 64 × 4 MiB overflows loopback socket buffers and the
+            // lost frames are never resent: the run would hang, so that cell is not measured.
+            off.push(if size <= 1 << 20 {
+                rankweave_bandwidth(udp_config(false, None), size, windows)
+            } else {
+                f64::NAN
+            });
             let spec = format!("seed={round},loss=0.01");
             lossy.push(rankweave_bandwidth(
                 udp_config(true, Some(&spec)),
