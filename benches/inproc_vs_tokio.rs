@@ -11,6 +11,10 @@
 //!   back-pressure like rankweave's credits); an unbounded channel is shown too, with its ratio
 //!   to the bounded one.
 
+#[path = "support/mod.rs"]
+mod support;
+use support::{median, runtime};
+
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -24,14 +28,6 @@ struct Plan {
     rounds: usize,
     latency_iters: usize,
     rate_messages: usize,
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio runtime")
 }
 
 fn config(policy: ProgressPolicy) -> Config {
@@ -165,16 +161,6 @@ fn tokio_unbounded_rate(messages: usize) -> f64 {
         sender.await.expect("sender");
         messages as f64 / start.elapsed().as_secs_f64()
     })
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
 }
 
 fn main() {

@@ -9,6 +9,10 @@
 //! tasks of this process while their traffic crosses the veth pairs and their qdiscs. One
 //! configuration uses route 1 only; the other stripes over routes 1 and 2.
 
+#[path = "support/mod.rs"]
+mod support;
+use support::median;
+
 use std::fs::File;
 use std::net::IpAddr;
 use std::os::fd::AsRawFd;
@@ -122,16 +126,6 @@ fn bandwidth(routes: usize, size: usize, windows: usize) -> (f64, Vec<u64>) {
             .collect();
         (mbs, per_route)
     })
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
 }
 
 fn main() {

@@ -16,6 +16,10 @@
 //! Ratios: latency against plain UDP; "cost" = on / off − 1 (latency) or 1 − on / off
 //! (bandwidth); under loss, against the lossless figure of the same round.
 
+#[path = "support/mod.rs"]
+mod support;
+use support::{median, runtime};
+
 use std::net::UdpSocket;
 use std::time::Instant;
 
@@ -49,14 +53,6 @@ impl Plan {
         let bytes = if self.quick { 64 << 20 } else { 512 << 20 };
         (bytes / (size * WINDOW)).max(2)
     }
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio runtime")
 }
 
 fn udp_config(reliability: bool, chaos: Option<&str>) -> Config {
@@ -203,18 +199,6 @@ fn rankweave_bandwidth(config: Config, size: usize, windows: usize) -> f64 {
         .expect("job");
         out[0]
     })
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    let n = v.len();
-    if n == 0 {
-        f64::NAN
-    } else if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
 }
 
 fn size_name(size: usize) -> String {
