@@ -2,18 +2,36 @@
 //! carries the lap number and the ranks it has visited in this lap must have stamped it in
 //! order.
 //!
-//! `cargo run --release --example ring` runs 4 in-process ranks; `-- 64` runs 64.
+//! `cargo run --release --example ring` runs 4 in-process ranks; `-- 64` runs 64. Started by a
+//! launcher it runs one rank per process instead:
+//!
+//! ```text
+//! rwrun -n 4 target/release/examples/ring
+//! mpiexec.mpich -n 4 target/release/examples/ring
+//! mpirun.openmpi -n 4 target/release/examples/ring
+//! ```
 
+use rankweave::launch::detect::{Bootstrap, detect_from_env};
 use rankweave::prelude::*;
 
 const LAPS: u64 = 5;
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
-    let n: usize = std::env::args()
-        .nth(1)
-        .map(|s| s.parse().expect("the rank count must be a number"))
-        .unwrap_or(4);
+    if detect_from_env()? != Bootstrap::Singleton {
+        let world = rankweave::init().await?;
+        let (me, n) = (world.rank(), world.size());
+        let hops = run(world.clone()).await?;
+        rankweave::finalize(world).await?;
+        println!("rank {me} of {n}: {hops} hops, payload checked at every hop");
+        return Ok(());
+    }
+    let n: usize = match std::env::args().nth(1) {
+        None => 4,
+        Some(s) => s.parse().map_err(|_| {
+            Error::InvalidArgument(format!("the rank count must be a number, not {s:?}"))
+        })?,
+    };
     let hops = rankweave::local(n, |comm| async move { run(comm).await }).await?;
     let total: u64 = hops
         .into_iter()

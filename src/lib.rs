@@ -29,7 +29,7 @@
 
 pub mod launch;
 
-pub use launch::{init, init_with, local, local_with};
+pub use launch::{finalize, init, init_job, init_with, local, local_with};
 pub use rankweave_collectives as collectives;
 pub use rankweave_collectives::Collectives;
 pub use rankweave_core as core;

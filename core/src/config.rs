@@ -68,6 +68,14 @@ pub struct Config {
     /// `RANKWEAVE_ROUTES`: local addresses, comma-separated, one UDP route (adapter) each, such
     /// as `10.0.1.1,10.0.2.1`. Empty: one route on the loopback address.
     pub routes: Vec<IpAddr>,
+    /// `RANKWEAVE_PEER_TIMEOUT` (seconds, fractions allowed): how long a peer may stay silent
+    /// (no packet, not even a keepalive answer) before it is declared failed and operations
+    /// that involve it end with [`Error::PeerFailed`](crate::Error::PeerFailed). Default 5 s.
+    pub peer_timeout: Duration,
+    /// `RANKWEAVE_RENDEZVOUS` (`host:port`): where a multi-process job's key-value rendezvous
+    /// service is (set by `rwrun`; for Open MPI, Slurm or torchrun-style launches, rank 0
+    /// serves it there when no one else does). `None`: derived from the launcher's environment.
+    pub rendezvous: Option<String>,
 }
 
 impl Default for Config {
@@ -82,6 +90,8 @@ impl Default for Config {
             chaos: None,
             reliability: None,
             routes: Vec::new(),
+            peer_timeout: Duration::from_secs(5),
+            rendezvous: None,
         }
     }
 }
@@ -148,6 +158,35 @@ impl Config {
         }
         if let Some(v) = get("RANKWEAVE_ROUTES") {
             self.routes = parse_routes(&v)?;
+        }
+        if let Some(v) = get("RANKWEAVE_PEER_TIMEOUT") {
+            self.peer_timeout = v
+                .trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|s| s.is_finite() && *s > 0.0 && *s <= 86_400.0)
+                .map(Duration::from_secs_f64)
+                .ok_or_else(|| ConfigError {
+                    variable: "RANKWEAVE_PEER_TIMEOUT".into(),
+                    value: v.clone(),
+                    expected: "a number of seconds above 0 (fractions allowed), such as 5 or 0.5"
+                        .into(),
+                })?;
+        }
+        if let Some(v) = get("RANKWEAVE_RENDEZVOUS") {
+            let v = v.trim();
+            match v.rsplit_once(':') {
+                Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {
+                    self.rendezvous = Some(v.to_string());
+                }
+                _ => {
+                    return Err(ConfigError {
+                        variable: "RANKWEAVE_RENDEZVOUS".into(),
+                        value: v.into(),
+                        expected: "host:port, such as 10.0.0.1:29500".into(),
+                    });
+                }
+            }
         }
         Ok(self)
     }
@@ -354,5 +393,32 @@ mod tests {
             .with_env(env(&[("RANKWEAVE_ROUTES", "127.0.0.1,eth0")]))
             .unwrap_err();
         assert!(e.expected.contains("\"eth0\""), "{e}");
+    }
+
+    #[test]
+    fn peer_timeout_and_rendezvous() {
+        let c = Config::default();
+        assert_eq!(c.peer_timeout, Duration::from_secs(5));
+        assert_eq!(c.rendezvous, None);
+        let c = Config::default()
+            .with_env(env(&[
+                ("RANKWEAVE_PEER_TIMEOUT", "0.25"),
+                ("RANKWEAVE_RENDEZVOUS", "node1:29500"),
+            ]))
+            .unwrap();
+        assert_eq!(c.peer_timeout, Duration::from_millis(250));
+        assert_eq!(c.rendezvous.as_deref(), Some("node1:29500"));
+        for bad in ["0", "-1", "soon", "inf"] {
+            let e = Config::default()
+                .with_env(env(&[("RANKWEAVE_PEER_TIMEOUT", bad)]))
+                .unwrap_err();
+            assert_eq!(e.variable, "RANKWEAVE_PEER_TIMEOUT");
+        }
+        for bad in ["node1", ":29500", "node1:port", "node1:70000"] {
+            let e = Config::default()
+                .with_env(env(&[("RANKWEAVE_RENDEZVOUS", bad)]))
+                .unwrap_err();
+            assert_eq!(e.variable, "RANKWEAVE_RENDEZVOUS", "{bad}");
+        }
     }
 }

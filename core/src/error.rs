@@ -87,6 +87,15 @@ pub enum Error {
     /// scatter buffer whose length is not a multiple of the size).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// Joining a multi-process job failed: the launcher's environment is incomplete or
+    /// invalid, its PMI server or the rendezvous service answered with an error or not at all.
+    #[error("{launcher}: {message}")]
+    Launch {
+        /// How the process was started (`PMI-1`, `rwrun`, `Open MPI`, ...).
+        launcher: String,
+        /// What went wrong, and what to do about it where known.
+        message: String,
+    },
 }
 
 /// An error of a transport.

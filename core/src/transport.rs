@@ -81,6 +81,14 @@ pub trait Transport: Send + Sync + 'static {
     /// This rank is shutting down: peers should learn it is gone (after everything it sent).
     fn close(&self) {}
 
+    /// After [`close`](Self::close): whether the transport has finished delivering what it was
+    /// given (everything acknowledged, the peers gone, or its linger time up). A process must
+    /// not exit before, or its last messages may never arrive. The default (always `true`)
+    /// fits transports that deliver synchronously.
+    fn is_drained(&self) -> bool {
+        true
+    }
+
     /// The transport's counters (reliability, routes, dropped datagrams). The default has none.
     fn stats(&self) -> TransportStats {
         TransportStats::default()

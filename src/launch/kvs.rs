@@ -490,6 +490,8 @@ enum Arrival {
 struct Shared {
     config: KvServerConfig,
     state: Mutex<State>,
+    /// Connections that said goodbye, and a wake-up for [`KvServer::wait_for_goodbyes`].
+    goodbyes: tokio::sync::watch::Sender<usize>,
 }
 
 impl Shared {
@@ -715,6 +717,7 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: Arc<Share
             }
             Request::Bye => {
                 let _ = write_frame(&mut wr, &Reply::Ok.encode()).await;
+                shared.goodbyes.send_modify(|n| *n += 1);
                 return;
             }
         };
@@ -737,6 +740,7 @@ pub struct KvServer {
     config: KvServerConfig,
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<()>,
+    goodbyes: tokio::sync::watch::Receiver<usize>,
 }
 
 impl KvServer {
@@ -766,17 +770,21 @@ impl KvServer {
             context: "reading the rendezvous server's address".to_string(),
             source,
         })?;
+        let (goodbyes, _) = tokio::sync::watch::channel(0);
         let shared = Arc::new(Shared {
             config: config.clone(),
             state: Mutex::new(State::default()),
+            goodbyes,
         });
         let (stop, stopped) = oneshot::channel();
+        let goodbyes = shared.goodbyes.subscribe();
         let task = tokio::spawn(accept_loop(listener, shared, stopped));
         Ok(KvServer {
             local_addr,
             config,
             stop: Some(stop),
             task,
+            goodbyes,
         })
     }
 
@@ -788,6 +796,14 @@ impl KvServer {
     /// The server's settings.
     pub fn config(&self) -> &KvServerConfig {
         &self.config
+    }
+
+    /// Waits until `n` connections in all have said goodbye ([`KvClient::close`]), for at most
+    /// `patience`; returns how many have. A process serving its own job's rendezvous calls it
+    /// before exiting, so that no peer loses the service in the middle of its last request.
+    pub async fn wait_for_goodbyes(&mut self, n: usize, patience: Duration) -> usize {
+        let _ = tokio::time::timeout(patience, self.goodbyes.wait_for(|&g| g >= n)).await;
+        *self.goodbyes.borrow()
     }
 
     /// Stops accepting, closes every client connection and waits until all are closed.

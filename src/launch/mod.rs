@@ -1,6 +1,9 @@
-//! Starting ranks: in-process jobs today; launcher detection (`rwrun`, PMI, Open MPI, Slurm)
-//! arrives with the launch work.
+//! Starting ranks: in-process jobs ([`local`]) and multi-process jobs ([`init`]) started by
+//! `rwrun`, MPICH's `mpiexec` (PMI-1), Open MPI's `mpirun`, Slurm or torchrun-style launchers.
 
+pub mod detect;
+mod directory;
+mod job;
 pub mod kvs;
 pub mod pmi;
 
@@ -86,33 +89,45 @@ where
     }
 }
 
-/// Environment variables that show the process was started by a launcher.
-const LAUNCHER_VARIABLES: &[&str] = &[
-    "PMI_FD",
-    "PMI_PORT",
-    "OMPI_COMM_WORLD_SIZE",
-    "SLURM_NTASKS",
-    "RANKWEAVE_RANK",
-];
-
 /// Joins the job this process belongs to and returns its world communicator.
 ///
-/// Today this supports the singleton case (rank 0 of 1) only; started by a launcher, it returns
-/// an error naming the launcher variable it found rather than silently running alone.
+/// How the process was started is read from its environment, in this order (see
+/// [`detect`](detect::detect) and the book's "Launching" chapter): explicit
+/// `RANKWEAVE_RANK`/`RANKWEAVE_SIZE`/`RANKWEAVE_RENDEZVOUS`; PMI-1 (`mpiexec.mpich`, Slurm's
+/// PMI-1 plugin); `rwrun`; Open MPI, Slurm or torchrun-style variables plus a rendezvous
+/// address; otherwise a singleton (rank 0 of 1). A half-set environment is an
+/// [`Error::Launch`] naming what is missing.
+///
+/// Processes talk over UDP with the reliability layer. Start-up publishes this rank's
+/// endpoints and waits for every rank once; peers are looked up and linked on first contact.
+/// Call [`finalize`] before the process exits.
 pub async fn init() -> Result<Communicator, Error> {
     init_with(Config::from_env()?).await
 }
 
-/// [`init`] with an explicit configuration.
+/// [`init`] with an explicit configuration (the launcher is still read from the environment).
 pub async fn init_with(config: Config) -> Result<Communicator, Error> {
-    if let Some(var) = LAUNCHER_VARIABLES
-        .iter()
-        .find(|v| std::env::var_os(v).is_some())
-    {
-        return Err(Error::InvalidArgument(format!(
-            "started by a launcher ({var} is set), but launcher support is not built yet; use rankweave::local for in-process jobs"
-        )));
+    let bootstrap = detect::detect_from_env()?;
+    init_job(config, bootstrap).await
+}
+
+/// Joins the job `bootstrap` describes, with `config`: the fully explicit form of [`init`].
+pub async fn init_job(config: Config, bootstrap: detect::Bootstrap) -> Result<Communicator, Error> {
+    match bootstrap {
+        detect::Bootstrap::Singleton => {
+            let mut comms = inproc::world(1, &config)?;
+            comms.pop().ok_or(Error::Shutdown)
+        }
+        other => job::join(config, other).await,
     }
-    let mut comms = inproc::world(1, &config)?;
-    comms.pop().ok_or(Error::Shutdown)
+}
+
+/// Ends this process's part in the job: waits until everything this rank sent was delivered
+/// ([`Communicator::shutdown`]), meets every other rank once more (so no one exits while a
+/// peer may still need it, as with `MPI_Finalize`) and leaves the launcher's key-value space.
+/// Call it once, with no operation outstanding, before the process exits; the communicator
+/// and its clones stop working.
+pub async fn finalize(world: Communicator) -> Result<(), Error> {
+    world.shutdown().await;
+    job::leave().await
 }

@@ -86,6 +86,8 @@ struct Shared<C> {
     config: LinkTransportConfig,
     max_payload: usize,
     closed: AtomicBool,
+    /// Closed, and done delivering (or given up): see [`Transport::is_drained`].
+    drained: AtomicBool,
     state: Mutex<State>,
 }
 
@@ -147,6 +149,7 @@ impl<C: Carrier> LinkTransport<C> {
                 config,
                 max_payload,
                 closed: AtomicBool::new(false),
+                drained: AtomicBool::new(false),
                 state: Mutex::new(state),
             }),
         }
@@ -525,8 +528,15 @@ impl<C: Carrier> Transport for LinkTransport<C> {
             Ok(h) if !quiet => {
                 h.spawn(linger(Arc::clone(sh)));
             }
-            _ => sh.carrier.close(),
+            _ => {
+                sh.carrier.close();
+                sh.drained.store(true, Ordering::Release);
+            }
         }
+    }
+
+    fn is_drained(&self) -> bool {
+        self.shared.drained.load(Ordering::Acquire)
     }
 
     fn stats(&self) -> TransportStats {
@@ -560,6 +570,7 @@ async fn linger<C: Carrier>(sh: Arc<Shared<C>>) {
         let _ = tokio::time::timeout_at(tokio::time::Instant::from_std(until), wait).await;
     }
     sh.carrier.close();
+    sh.drained.store(true, Ordering::Release);
 }
 
 impl<C: Carrier> std::fmt::Debug for LinkTransport<C> {

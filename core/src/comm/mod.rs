@@ -147,6 +147,21 @@ impl Communicator {
         self.inner.driver.stats()
     }
 
+    /// Ends this rank, for every communicator of it, and waits until what it sent is
+    /// delivered: sends already started complete, then the transport retransmits and
+    /// acknowledges until its peers have everything (or its linger time is up).
+    ///
+    /// Dropping the last communicator of a rank starts the same shutdown without waiting for
+    /// it, which is enough when the process (and its runtime) lives on; a process that is about
+    /// to exit calls this first (`rankweave::finalize` does). Call it with no receive
+    /// outstanding; operations started on other handles afterwards fail with
+    /// [`Error::Shutdown`].
+    pub async fn shutdown(self) {
+        let driver = Arc::clone(&self.inner.driver);
+        drop(self);
+        driver.shut_down().await;
+    }
+
     fn check_rank(&self, rank: usize) -> Result<u32, Error> {
         self.inner.group.world_of(rank).ok_or(Error::InvalidRank {
             rank,

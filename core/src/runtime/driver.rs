@@ -71,6 +71,8 @@ pub(crate) struct Driver {
     /// (its last communicator was dropped while panicking): stop at once, even with sends
     /// pending, so peers learn of the loss.
     shutdown: ShutdownSignal,
+    /// Becomes `true` when the progress task has ended and closed the transport.
+    finished: tokio::sync::watch::Sender<bool>,
 }
 
 impl Driver {
@@ -97,8 +99,8 @@ impl Driver {
             transport,
             config,
             rank,
-
             shutdown: ShutdownSignal::new(),
+            finished: tokio::sync::watch::Sender::new(false),
         }
     }
 
@@ -288,6 +290,21 @@ impl Driver {
             }
         }
         self.transport.close();
+        self.finished.send_replace(true);
+    }
+
+    /// Shuts the rank down (see [`Communicator::shutdown`](crate::Communicator::shutdown)) and
+    /// waits until the progress task has ended and the transport has delivered what it was
+    /// given, or given up on it.
+    pub(crate) async fn shut_down(&self) {
+        let mut finished = self.finished.subscribe();
+        self.begin_shutdown(false);
+        let _ = finished.wait_for(|&done| done).await;
+        // After close the transport may still be retransmitting and acknowledging; it bounds
+        // that time itself (its linger), so this loop ends.
+        while !self.transport.is_drained() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
     }
 
     /// Spawns the progress task on the current tokio runtime.

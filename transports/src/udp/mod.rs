@@ -13,6 +13,11 @@
 //!   were received into, so large payloads are never copied in user space.
 //! * Only datagrams from addresses of known peers are attributed to a rank; anything else is
 //!   handed up with `from: None` and dropped there as foreign.
+//! * Peers are learnt on demand in multi-process jobs ([`UdpCarrier::with_directory`]): the
+//!   first send to a rank, or the first packet of this job from an address not yet known, looks
+//!   the rank's published routes up once in a [`PeerDirectory`] (Yu's on-demand connection
+//!   set-up: nothing is exchanged N² at start-up). A packet is attributed to the rank it claims
+//!   only if it comes from an address that rank published.
 
 mod socket;
 
@@ -61,6 +66,27 @@ impl Default for UdpSettings {
     }
 }
 
+/// Where the ranks of a multi-process job published their routes: consulted once per peer, on
+/// first contact.
+pub trait PeerDirectory: Send + Sync + 'static {
+    /// The route addresses rank `rank` published, in route order. May block briefly (a
+    /// round trip to the launcher's key-value service); must give up with an error rather than
+    /// block for long.
+    fn lookup(&self, rank: u32) -> Result<Vec<SocketAddr>, TransportError>;
+}
+
+/// How long a failed lookup is remembered before the directory is asked again.
+const LOOKUP_RETRY: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// On-demand peer discovery (see [`UdpCarrier::with_directory`]).
+struct Discovery {
+    directory: Arc<dyn PeerDirectory>,
+    job_key: u64,
+    size: u32,
+    /// Ranks whose lookup failed, and when: not asked again before [`LOOKUP_RETRY`].
+    failed: Mutex<FxHashMap<u32, std::time::Instant>>,
+}
+
 /// Where each peer's routes are, and who an address belongs to.
 #[derive(Default)]
 struct PeerTable {
@@ -79,6 +105,7 @@ pub struct UdpCarrier {
     /// The buffer the next datagram is received into (`max_datagram + 1` bytes, so a longer
     /// datagram shows up as one byte too long instead of silently truncated).
     scratch: Mutex<BytesMut>,
+    discovery: Option<Discovery>,
 }
 
 impl UdpCarrier {
@@ -104,7 +131,28 @@ impl UdpCarrier {
             max_datagram,
             closed: AtomicBool::new(false),
             scratch: Mutex::new(BytesMut::with_capacity(max_datagram + 1)),
+            discovery: None,
         })
+    }
+
+    /// Learns peers on demand from `directory` (multi-process jobs): a send to a rank whose
+    /// routes are unknown looks them up first, and a packet of job `job_key` from an unknown
+    /// address that claims to come from rank `r < size` makes the carrier look `r` up; the
+    /// packet is attributed to `r` only if its address is one `r` published.
+    #[must_use]
+    pub fn with_directory(
+        mut self,
+        directory: Arc<dyn PeerDirectory>,
+        job_key: u64,
+        size: u32,
+    ) -> Self {
+        self.discovery = Some(Discovery {
+            directory,
+            job_key,
+            size,
+            failed: Mutex::new(FxHashMap::default()),
+        });
+        self
     }
 
     /// This rank's world rank.
@@ -136,6 +184,69 @@ impl UdpCarrier {
         t.addrs.get(&rank).and_then(|a| a.get(route)).copied()
     }
 
+    fn knows(&self, rank: u32) -> bool {
+        let t = self.peers.read().unwrap_or_else(|p| p.into_inner());
+        t.addrs.contains_key(&rank)
+    }
+
+    /// Looks `rank` up in the directory (if there is one and it was not asked in vain just
+    /// now) and records its routes. True if the rank is known afterwards.
+    fn discover(&self, rank: u32) -> bool {
+        let Some(d) = &self.discovery else {
+            return false;
+        };
+        if rank >= d.size || rank == self.rank {
+            return false;
+        }
+        {
+            let failed = d.failed.lock().unwrap_or_else(|p| p.into_inner());
+            if failed
+                .get(&rank)
+                .is_some_and(|t| t.elapsed() < LOOKUP_RETRY)
+            {
+                return false;
+            }
+        }
+        match d.directory.lookup(rank) {
+            Ok(addrs) if addrs.len() >= self.sockets.len() => {
+                self.add_peer(rank, &addrs[..self.sockets.len()]);
+                true
+            }
+            Ok(addrs) => {
+                tracing::warn!(
+                    rank,
+                    published = addrs.len(),
+                    local = self.sockets.len(),
+                    "peer published fewer routes than this rank has"
+                );
+                self.remember_failure(d, rank);
+                false
+            }
+            Err(e) => {
+                tracing::warn!(rank, error = %e, "peer lookup failed");
+                self.remember_failure(d, rank);
+                false
+            }
+        }
+    }
+
+    fn remember_failure(&self, d: &Discovery, rank: u32) {
+        let mut failed = d.failed.lock().unwrap_or_else(|p| p.into_inner());
+        failed.insert(rank, std::time::Instant::now());
+    }
+
+    /// The rank an unknown address's datagram claims to come from, if it is a packet of this
+    /// job (magic, job key and source of the link header) and the claim checks out against
+    /// the directory.
+    fn identify(&self, addr: &SocketAddr, bytes: &[u8]) -> Option<u32> {
+        let d = self.discovery.as_ref()?;
+        let (key, source) = link_header_sender(bytes)?;
+        if key != d.job_key || self.knows(source) || !self.discover(source) {
+            return None;
+        }
+        self.rank_of(addr).filter(|&r| r == source)
+    }
+
     fn rank_of(&self, addr: &SocketAddr) -> Option<u32> {
         let t = self.peers.read().unwrap_or_else(|p| p.into_inner());
         t.ranks.get(addr).copied()
@@ -162,9 +273,15 @@ impl Carrier for UdpCarrier {
                 message: format!("datagram of {len} bytes exceeds {}", self.max_datagram),
             });
         }
-        let (Some(socket), Some(addr)) = (self.sockets.get(route), self.peer_addr(to, route))
-        else {
+        let Some(socket) = self.sockets.get(route) else {
             return Err(TransportError::PeerUnreachable(to as usize));
+        };
+        let addr = match self.peer_addr(to, route) {
+            Some(a) => a,
+            None if !self.knows(to) && self.discover(to) => self
+                .peer_addr(to, route)
+                .ok_or(TransportError::PeerUnreachable(to as usize))?,
+            None => return Err(TransportError::PeerUnreachable(to as usize)),
         };
         socket.send_to(parts, addr)
     }
@@ -190,11 +307,8 @@ impl Carrier for UdpCarrier {
                 } else {
                     scratch.split().freeze()
                 };
-                out.push(Datagram {
-                    route,
-                    from: self.rank_of(&addr),
-                    bytes,
-                });
+                let from = self.rank_of(&addr).or_else(|| self.identify(&addr, &bytes));
+                out.push(Datagram { route, from, bytes });
             }
         }
         Ok(out.len() - before)
@@ -231,6 +345,17 @@ impl std::fmt::Debug for UdpCarrier {
     }
 }
 
+/// The job key and source rank of a link packet (magic `RL`, bytes 8..16 and 16..20 of the
+/// header; see `rankweave_core::reliability::packet`), without checking anything else.
+fn link_header_sender(bytes: &[u8]) -> Option<(u64, u32)> {
+    if bytes.len() < 24 || bytes[..2] != rankweave_core::reliability::packet::MAGIC {
+        return None;
+    }
+    let key = u64::from_le_bytes(bytes[8..16].try_into().ok()?);
+    let source = u32::from_le_bytes(bytes[16..20].try_into().ok()?);
+    Some((key, source))
+}
+
 #[cfg(test)]
 mod tests;
 
@@ -262,6 +387,22 @@ pub fn world(n: usize, config: &Config) -> Result<Vec<Communicator>, Error> {
         ));
     }
     let size = u32::try_from(n).map_err(|_| Error::InvalidArgument(format!("{n} ranks")))?;
+    let settings = settings_for(config);
+    let carriers = bind_job(size, &settings).map_err(Error::Transport)?;
+    let job_key = rankweave_core::rng::random_u64();
+    carriers
+        .into_iter()
+        .enumerate()
+        .map(|(rank, carrier)| {
+            let transport = rank_transport(carrier, size, job_key, config);
+            Communicator::world(rank, n, transport, config.clone())
+        })
+        .collect()
+}
+
+/// The settings `config` asks for: its routes (loopback when it names none) and a datagram
+/// size that respects its `max_frame`.
+pub fn settings_for(config: &Config) -> UdpSettings {
     let mut settings = UdpSettings::default();
     if !config.routes.is_empty() {
         settings.routes = config.routes.clone();
@@ -269,23 +410,25 @@ pub fn world(n: usize, config: &Config) -> Result<Vec<Communicator>, Error> {
     if let Some(m) = config.max_frame {
         settings.max_datagram = settings.max_datagram.min(m + 512);
     }
-    let carriers = bind_job(size, &settings).map_err(Error::Transport)?;
-    let job_key = rankweave_core::rng::random_u64();
-    let reliability = config.reliability_for(TransportKind::Udp);
-    carriers
-        .into_iter()
-        .enumerate()
-        .map(|(rank, carrier)| {
-            let mut lc = LinkTransportConfig::new(rank as u32, size, job_key);
-            lc.reliability = reliability;
-            let transport: Arc<dyn Transport> = match &config.chaos {
-                Some(spec) => Arc::new(LinkTransport::new(
-                    ChaosCarrier::new(carrier, spec.clone()),
-                    lc,
-                )),
-                None => Arc::new(LinkTransport::new(carrier, lc)),
-            };
-            Communicator::world(rank, n, transport, config.clone())
-        })
-        .collect()
+    settings
+}
+
+/// One rank's transport over `carrier` in a `size`-rank job with key `job_key`: the link layer
+/// with reliability per [`Config::reliability_for`], the peer timeout of `config`, and the
+/// chaos layer in between when `config.chaos` asks for it.
+pub fn rank_transport(
+    carrier: UdpCarrier,
+    size: u32,
+    job_key: u64,
+    config: &Config,
+) -> Arc<dyn Transport> {
+    let mut lc = LinkTransportConfig::new(carrier.rank(), size, job_key);
+    lc.reliability = config.reliability_for(TransportKind::Udp);
+    match &config.chaos {
+        Some(spec) => Arc::new(LinkTransport::new(
+            ChaosCarrier::new(carrier, spec.clone()),
+            lc,
+        )),
+        None => Arc::new(LinkTransport::new(carrier, lc)),
+    }
 }

@@ -128,3 +128,90 @@ async fn several_routes_bind_on_their_own_addresses() {
     assert_eq!((got[1].route, &got[1].bytes[..]), (1, &b"second"[..]));
     assert!(got.iter().all(|d| d.from == Some(0)));
 }
+
+/// A directory that answers from a table and counts the questions.
+struct Table {
+    addrs: std::collections::HashMap<u32, Vec<SocketAddr>>,
+    asked: std::sync::atomic::AtomicUsize,
+}
+
+impl PeerDirectory for Table {
+    fn lookup(&self, rank: u32) -> Result<Vec<SocketAddr>, TransportError> {
+        self.asked.fetch_add(1, Ordering::Relaxed);
+        self.addrs
+            .get(&rank)
+            .cloned()
+            .ok_or(TransportError::PeerUnreachable(rank as usize))
+    }
+}
+
+/// The first 24 bytes of a link packet of job `key` from `source` (all the carrier looks at).
+fn header(key: u64, source: u32) -> Vec<u8> {
+    let mut h = vec![0u8; 24];
+    h[..2].copy_from_slice(b"RL");
+    h[8..16].copy_from_slice(&key.to_le_bytes());
+    h[16..20].copy_from_slice(&source.to_le_bytes());
+    h
+}
+
+#[tokio::test]
+async fn peers_are_discovered_on_first_contact_and_claims_are_checked() {
+    let s = UdpSettings::default();
+    let a = UdpCarrier::bind(0, &s).unwrap();
+    let b = UdpCarrier::bind(1, &s).unwrap();
+    let stranger = UdpCarrier::bind(2, &s).unwrap();
+    let table = Arc::new(Table {
+        addrs: [
+            (0, a.local_addrs()),
+            (1, b.local_addrs()),
+            (2, stranger.local_addrs()),
+        ]
+        .into_iter()
+        .collect(),
+        asked: Default::default(),
+    });
+    let key = 0xfeed_beef;
+    let a = a.with_directory(table.clone(), key, 3);
+    let b = b.with_directory(table.clone(), key, 3);
+
+    // a has never heard of b: the send looks b up, once.
+    a.send(0, 1, &[&header(key, 0), b"hello"]).unwrap();
+    a.send(0, 1, &[&header(key, 0), b"again"]).unwrap();
+    assert_eq!(table.asked.load(Ordering::Relaxed), 1);
+    // b has never heard of a: the packet's claim (job key, source 0) is checked against the
+    // directory and a's address, so it is attributed to rank 0; the second needs no lookup.
+    let got = recv_n(&b, 2);
+    assert_eq!(
+        got.iter().map(|d| d.from).collect::<Vec<_>>(),
+        [Some(0), Some(0)]
+    );
+    assert_eq!(table.asked.load(Ordering::Relaxed), 2);
+
+    // Another job's key, a packet claiming to be rank 0 from rank 2's address, a rank outside
+    // the job and a non-link datagram all stay foreign.
+    stranger.add_peer(1, &b.local_addrs());
+    stranger.send(0, 1, &[&header(key + 1, 2)]).unwrap();
+    stranger.send(0, 1, &[&header(key, 0)]).unwrap();
+    stranger.send(0, 1, &[&header(key, 7)]).unwrap();
+    stranger.send(0, 1, &[b"not a link packet at all"]).unwrap();
+    let got = recv_n(&b, 4);
+    assert_eq!(got.len(), 4);
+    assert!(got.iter().all(|d| d.from.is_none()), "{got:?}");
+
+    // A rank the directory does not know: the send fails with a typed error, and the failure
+    // is remembered for a moment instead of asking again at once.
+    let lonely = UdpCarrier::bind(0, &s).unwrap().with_directory(
+        Arc::new(Table {
+            addrs: Default::default(),
+            asked: Default::default(),
+        }),
+        key,
+        3,
+    );
+    for _ in 0..3 {
+        assert!(matches!(
+            lonely.send(0, 2, &[b"x"]),
+            Err(TransportError::PeerUnreachable(2))
+        ));
+    }
+}

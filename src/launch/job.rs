@@ -1,0 +1,137 @@
+//! Joining a multi-process job: bind this rank's routes, publish them, meet the others, build
+//! the transport.
+//!
+//! Start-up follows Yu's scalable pattern: each rank publishes O(1) data (its route addresses,
+//! one key) and waits once for everyone; nothing is fetched yet. A peer's addresses are read
+//! from the key-value space the first time this rank sends to it or hears from it (the UDP
+//! carrier's [`PeerDirectory`](rankweave_transports::udp::PeerDirectory)), and its link state
+//! is created then, so a rank that talks to three neighbours holds three links, not N.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::{Arc, Mutex};
+
+use rankweave_core::{Communicator, Config, Error, TransportKind};
+use rankweave_transports::udp::{self, UdpCarrier};
+
+use super::detect::Bootstrap;
+use super::directory::JobDirectory;
+
+/// The directory of the job this process joined, kept for [`super::finalize`].
+static JOINED: Mutex<Option<JobDirectory>> = Mutex::new(None);
+
+fn launch_error(launcher: &str, message: impl Into<String>) -> Error {
+    Error::Launch {
+        launcher: launcher.to_string(),
+        message: message.into(),
+    }
+}
+
+/// Joins the job `bootstrap` describes (not a singleton) and returns this rank's world
+/// communicator.
+pub(crate) async fn join(config: Config, bootstrap: Bootstrap) -> Result<Communicator, Error> {
+    let launcher_name = match &bootstrap {
+        Bootstrap::Pmi(_) => "PMI-1",
+        Bootstrap::Rendezvous(job) => job.launcher.name(),
+        Bootstrap::Singleton => "singleton",
+    };
+    match config.transport {
+        TransportKind::Auto | TransportKind::Udp => {}
+        other => {
+            return Err(launch_error(
+                launcher_name,
+                format!(
+                    "RANKWEAVE_TRANSPORT={other:?} cannot connect processes yet; use udp (or auto)"
+                ),
+            ));
+        }
+    }
+    let (directory, me) = JobDirectory::join(bootstrap)
+        .await
+        .map_err(|m| launch_error(launcher_name, m))?;
+    let launcher = directory.launcher();
+    let fail = |m: String| launch_error(launcher, m);
+
+    let mut settings = udp::settings_for(&config);
+    if config.routes.is_empty() && !me.all_local {
+        // Loopback would not reach ranks on other hosts.
+        let ip = first_external_ipv4().ok_or_else(|| {
+            fail("ranks run on several hosts, but this host has no non-loopback IPv4 address; set RANKWEAVE_ROUTES".into())
+        })?;
+        settings.routes = vec![IpAddr::V4(ip)];
+    }
+    let carrier = UdpCarrier::bind(me.rank, &settings)
+        .map_err(|e| fail(format!("binding the UDP routes {:?}: {e}", settings.routes)))?;
+    directory
+        .publish(me.rank, &carrier.local_addrs())
+        .await
+        .map_err(|m| fail(format!("publishing this rank's endpoints: {m}")))?;
+    let drawn = (me.job_key.is_none() && me.rank == 0).then(rankweave_core::rng::random_u64);
+    if let Some(key) = drawn {
+        directory
+            .publish_job_key(key)
+            .await
+            .map_err(|m| fail(format!("publishing the job key: {m}")))?;
+    }
+    directory
+        .fence()
+        .await
+        .map_err(|m| fail(format!("waiting for the other ranks at start-up: {m}")))?;
+    let job_key = match me.job_key.or(drawn) {
+        Some(k) => k,
+        None => directory
+            .job_key()
+            .await
+            .map_err(|m| fail(format!("reading the job key: {m}")))?,
+    };
+    let carrier = carrier.with_directory(Arc::new(directory.clone()), job_key, me.size);
+    let transport = udp::rank_transport(carrier, me.size, job_key, &config);
+    let comm = Communicator::world(me.rank as usize, me.size as usize, transport, config)?;
+    *JOINED.lock().unwrap_or_else(|p| p.into_inner()) = Some(directory);
+    Ok(comm)
+}
+
+/// Leaves the joined job's key-value space (a last fence with every rank, then goodbye), if
+/// this process joined one.
+pub(crate) async fn leave() -> Result<(), Error> {
+    let directory = JOINED.lock().unwrap_or_else(|p| p.into_inner()).take();
+    match directory {
+        Some(d) => d
+            .finalize()
+            .await
+            .map_err(|m| launch_error(d.launcher(), format!("finalize: {m}"))),
+        None => Ok(()),
+    }
+}
+
+/// The first IPv4 address of an interface that is up and not loopback.
+fn first_external_ipv4() -> Option<Ipv4Addr> {
+    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs writes a pointer to a list it allocated into `list`, which we free
+    // below with freeifaddrs; we pass a valid pointer to a local.
+    if unsafe { libc::getifaddrs(&mut list) } != 0 {
+        return None;
+    }
+    let mut found = None;
+    let mut cur = list;
+    while !cur.is_null() {
+        // SAFETY: `cur` is a non-null node of the list getifaddrs returned, not yet freed.
+        let ifa = unsafe { &*cur };
+        let up = ifa.ifa_flags & (libc::IFF_UP as u32) != 0;
+        let loopback = ifa.ifa_flags & (libc::IFF_LOOPBACK as u32) != 0;
+        if up && !loopback && !ifa.ifa_addr.is_null() {
+            // SAFETY: `ifa_addr` is non-null and points to a sockaddr of the list; we only read
+            // it as sockaddr_in after checking its family says it is one.
+            let family = unsafe { (*ifa.ifa_addr).sa_family };
+            if i32::from(family) == libc::AF_INET {
+                // SAFETY: as above; AF_INET addresses are `sockaddr_in`.
+                let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
+                found = Some(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)));
+                break;
+            }
+        }
+        cur = ifa.ifa_next;
+    }
+    // SAFETY: `list` came from a successful getifaddrs and is freed exactly once.
+    unsafe { libc::freeifaddrs(list) };
+    found
+}
