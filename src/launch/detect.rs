@@ -129,15 +129,23 @@ pub enum LaunchError {
 
 impl From<LaunchError> for rankweave_core::Error {
     fn from(e: LaunchError) -> Self {
-        let launcher = match &e {
-            LaunchError::Missing { launcher, .. } | LaunchError::Invalid { launcher, .. } => {
-                (*launcher).to_string()
-            }
-            LaunchError::Pmi(_) => "PMI-1".into(),
+        let (launcher, message) = match e {
+            LaunchError::Missing {
+                launcher,
+                missing,
+                present,
+            } => (launcher, format!("{present} is set but {missing} is not")),
+            LaunchError::Invalid {
+                launcher,
+                var,
+                value,
+                reason,
+            } => (launcher, format!("{var}={value:?}: {reason}")),
+            LaunchError::Pmi(e) => ("PMI-1", e.to_string()),
         };
         rankweave_core::Error::Launch {
-            launcher,
-            message: e.to_string(),
+            launcher: launcher.to_string(),
+            message,
         }
     }
 }

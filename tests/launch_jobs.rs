@@ -1,0 +1,225 @@
+//! Multi-process jobs: the `ring` example under explicit configuration, `mpiexec.mpich`
+//! (PMI-1) and `mpirun.openmpi` (environment + rendezvous), a half-set environment, and a rank
+//! killed with SIGKILL in the middle of a job.
+//!
+//! The failure test runs this test binary itself as the job's processes: with
+//! `RW_TEST_CHILD` set, the `child` test below plays one rank instead of being a no-op.
+
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// `target/<profile>/examples/<name>`, built by `cargo test` alongside this test.
+fn example(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
+    let path = dir.join("examples").join(name);
+    assert!(path.exists(), "{} not built (cargo test builds examples)", path.display());
+    path
+}
+
+fn installed(program: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {program}")])
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Runs `cmd` with a deadline; kills it and fails the test if it overstays.
+fn run_with_deadline(mut cmd: Command, deadline: Duration) -> Output {
+    let child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(deadline) {
+        Ok(out) => out.expect("wait"),
+        Err(_) => {
+            // SAFETY: kill(2) on a pid we spawned; at worst it no longer exists.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            panic!("{cmd:?} did not finish within {deadline:?}");
+        }
+    }
+}
+
+fn assert_ring_output(out: &Output, n: usize) {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "status {:?}\nstdout:\n{stdout}\nstderr:\n{stderr}", out.status);
+    for r in 0..n {
+        let line = format!("rank {r} of {n}: 5 hops, payload checked at every hop");
+        assert!(stdout.contains(&line), "missing {line:?} in\n{stdout}\nstderr:\n{stderr}");
+    }
+}
+
+#[test]
+fn ring_with_explicit_configuration() {
+    let ring = example("ring");
+    let port = 20_000 + (std::process::id() % 30_000) as u16;
+    let children: Vec<_> = (0..4)
+        .map(|r| {
+            let mut c = Command::new(&ring);
+            c.env("RANKWEAVE_RANK", r.to_string())
+                .env("RANKWEAVE_SIZE", "4")
+                .env("RANKWEAVE_RENDEZVOUS", format!("127.0.0.1:{port}"))
+                .env_remove("RANKWEAVE_TRANSPORT");
+            std::thread::spawn(move || run_with_deadline(c, Duration::from_secs(60)))
+        })
+        .collect();
+    for (r, child) in children.into_iter().enumerate() {
+        let out = child.join().expect("runner thread");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "rank {r}: {out:?}");
+        assert!(stdout.contains(&format!("rank {r} of 4: 5 hops")), "rank {r}: {stdout}");
+    }
+}
+
+#[test]
+fn ring_under_mpiexec_mpich() {
+    if !installed("mpiexec.mpich") {
+        eprintln!("skipped: mpiexec.mpich not installed (apt-get install mpich)");
+        return;
+    }
+    let mut cmd = Command::new("mpiexec.mpich");
+    cmd.args(["-n", "4"]).arg(example("ring"));
+    assert_ring_output(&run_with_deadline(cmd, Duration::from_secs(60)), 4);
+}
+
+#[test]
+fn ring_under_mpirun_openmpi() {
+    if !installed("mpirun.openmpi") {
+        eprintln!("skipped: mpirun.openmpi not installed (apt-get install openmpi-bin)");
+        return;
+    }
+    let mut cmd = Command::new("mpirun.openmpi");
+    cmd.args(["--allow-run-as-root", "--oversubscribe", "-n", "4"])
+        .arg(example("ring"))
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    assert_ring_output(&run_with_deadline(cmd, Duration::from_secs(60)), 4);
+}
+
+#[test]
+fn half_set_environment_is_a_clear_error() {
+    let mut cmd = Command::new(example("ring"));
+    cmd.env("OMPI_COMM_WORLD_RANK", "1");
+    let out = run_with_deadline(cmd, Duration::from_secs(30));
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("OMPI_COMM_WORLD_RANK is set but OMPI_COMM_WORLD_SIZE is not"),
+        "{stderr}"
+    );
+}
+
+fn now_ms() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis())
+}
+
+/// One rank of the failure job (runs only inside a child process): every rank exchanges
+/// messages with rank 3 round after round; rank 3 kills itself with SIGKILL after a few rounds,
+/// having written the time to `RW_TEST_KILLED_AT`. The others must fail with
+/// `PeerFailed { rank: 3 }` and print how long after the kill they noticed.
+#[test]
+fn child() {
+    if std::env::var_os("RW_TEST_CHILD").is_none() {
+        return;
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let world = rankweave::init().await.expect("init");
+        let me = world.rank();
+        let victim = 3;
+        let marker = std::env::var("RW_TEST_KILLED_AT").expect("marker path");
+        for round in 0u32.. {
+            if me == victim {
+                if round == 5 {
+                    std::fs::write(&marker, now_ms().to_string()).unwrap();
+                    // SAFETY: raise(2) with SIGKILL ends this process, as a crash would.
+                    unsafe { libc::raise(libc::SIGKILL) };
+                }
+                for peer in 0..world.size() {
+                    if peer != victim {
+                        let m = world.recv(peer, round).await.expect("victim recv");
+                        world.send(peer, round, m.data().to_vec()).await.expect("victim send");
+                    }
+                }
+            } else {
+                let result = async {
+                    world.send(victim, round, vec![me as u8; 64]).await?;
+                    world.recv(victim, round).await
+                }
+                .await;
+                if let Err(e) = result {
+                    let killed_at: u128 = std::fs::read_to_string(&marker)
+                        .ok()
+                        .and_then(|s| s.trim().parse().ok())
+                        .unwrap_or(0);
+                    println!("rank {me}: {e:?} {} ms after the kill", now_ms().saturating_sub(killed_at));
+                    std::process::exit(if matches!(e, rankweave::Error::PeerFailed { rank: 3 }) { 0 } else { 1 });
+                }
+            }
+        }
+    });
+}
+
+#[test]
+fn sigkilled_rank_makes_the_others_fail_with_peer_failed() {
+    let exe = std::env::current_exe().unwrap();
+    let dir = std::env::temp_dir().join(format!("rw-kill-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let marker = dir.join("killed-at");
+    let port = 20_000 + ((std::process::id() + 7919) % 30_000) as u16;
+    let timeout_s = 1.0;
+    let started = Instant::now();
+    let children: Vec<_> = (0..4)
+        .map(|r| {
+            let mut c = Command::new(&exe);
+            c.args(["--exact", "child", "--nocapture", "--test-threads", "1"])
+                .env("RW_TEST_CHILD", "1")
+                .env("RW_TEST_KILLED_AT", &marker)
+                .env("RANKWEAVE_RANK", r.to_string())
+                .env("RANKWEAVE_SIZE", "4")
+                .env("RANKWEAVE_RENDEZVOUS", format!("127.0.0.1:{port}"))
+                .env("RANKWEAVE_PEER_TIMEOUT", timeout_s.to_string());
+            std::thread::spawn(move || run_with_deadline(c, Duration::from_secs(60)))
+        })
+        .collect();
+    let outs: Vec<Output> = children.into_iter().map(|c| c.join().unwrap()).collect();
+    let _ = std::fs::remove_dir_all(&dir);
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(outs[3].status.signal(), Some(libc::SIGKILL), "the victim: {:?}", outs[3]);
+    for (r, out) in outs.iter().enumerate().take(3) {
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "rank {r} did not report PeerFailed {{ rank: 3 }}: {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let line = stdout.lines().find(|l| l.contains("ms after the kill")).unwrap();
+        let ms: u64 = line
+            .split_whitespace()
+            .rev()
+            .nth(4)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no time in {line:?}"));
+        // The peer timeout plus one keepalive interval and scheduling slack.
+        assert!(
+            ms < (timeout_s * 1000.0) as u64 + 1500,
+            "rank {r} noticed after {ms} ms: {line}"
+        );
+    }
+    assert!(started.elapsed() < Duration::from_secs(30));
+}
