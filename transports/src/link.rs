@@ -30,7 +30,7 @@
 
 use std::collections::VecDeque;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -88,6 +88,10 @@ struct Shared<C> {
     closed: AtomicBool,
     /// Closed, and done delivering (or given up): see [`Transport::is_drained`].
     drained: AtomicBool,
+    /// Futures busy-polling this rank right now ([`Transport::begin_busy_poll`]). While there
+    /// are any, they run the links' timers themselves, so a deadline that moves earlier does
+    /// not wake the parked progress task (a cross-thread wake per message otherwise).
+    busy_pollers: AtomicUsize,
     state: Mutex<State>,
 }
 
@@ -150,6 +154,7 @@ impl<C: Carrier> LinkTransport<C> {
                 max_payload,
                 closed: AtomicBool::new(false),
                 drained: AtomicBool::new(false),
+                busy_pollers: AtomicUsize::new(0),
                 state: Mutex::new(state),
             }),
         }
@@ -357,7 +362,17 @@ impl<C: Carrier> Shared<C> {
                 st.counters.send_errors += 1;
             }
         }
-        if let Some(d) = link.poll_timeout() {
+        let deadline = link.poll_timeout();
+        st.links.insert(peer, link);
+        if self.busy_pollers.load(Ordering::Relaxed) == 0 {
+            self.rearm_if_earlier(st, deadline);
+        }
+    }
+
+    /// Wakes the parked progress task to re-arm its timer if `deadline` is earlier than the one
+    /// it is armed for.
+    fn rearm_if_earlier(&self, st: &mut State, deadline: Option<Instant>) {
+        if let Some(d) = deadline {
             if st.armed.is_none_or(|a| d < a) {
                 if let Some(w) = st.timer_waker.take() {
                     st.armed = Some(d);
@@ -365,7 +380,6 @@ impl<C: Carrier> Shared<C> {
                 }
             }
         }
-        st.links.insert(peer, link);
     }
 
     fn next_deadline(&self, st: &State) -> Option<Instant> {
@@ -537,6 +551,28 @@ impl<C: Carrier> Transport for LinkTransport<C> {
 
     fn is_drained(&self) -> bool {
         self.shared.drained.load(Ordering::Acquire)
+    }
+
+    fn begin_busy_poll(&self) {
+        self.shared.busy_pollers.fetch_add(1, Ordering::AcqRel);
+    }
+
+    fn end_busy_poll(&self) {
+        let sh = &*self.shared;
+        if sh.busy_pollers.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return;
+        }
+        // The last poller is gone: hand the timers back to the parked progress task, and wake
+        // it if deliveries are waiting. Datagrams that arrive later wake it through the
+        // carrier's readiness, which busy polling never suppressed.
+        let mut st = sh.lock();
+        let deadline = sh.next_deadline(&st);
+        sh.rearm_if_earlier(&mut st, deadline);
+        if !st.ready.is_empty() {
+            if let Some(w) = st.timer_waker.take() {
+                w.wake();
+            }
+        }
     }
 
     fn stats(&self) -> TransportStats {
