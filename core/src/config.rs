@@ -38,6 +38,54 @@ pub enum ProgressPolicy {
     Park,
 }
 
+/// One entry of [`Config::routes`]: how to find the local address a route binds to. Names and
+/// subnets are resolved against the host's interfaces when the routes are bound.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum RouteSpec {
+    /// This address.
+    Addr(IpAddr),
+    /// The (first IPv4, else IPv6) address of the interface with this name.
+    Interface(String),
+    /// The local address inside this subnet: network address and prefix length.
+    Subnet(IpAddr, u8),
+}
+
+impl From<IpAddr> for RouteSpec {
+    fn from(ip: IpAddr) -> Self {
+        RouteSpec::Addr(ip)
+    }
+}
+
+impl std::fmt::Display for RouteSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RouteSpec::Addr(ip) => write!(f, "{ip}"),
+            RouteSpec::Interface(name) => f.write_str(name),
+            RouteSpec::Subnet(net, len) => write!(f, "{net}/{len}"),
+        }
+    }
+}
+
+impl RouteSpec {
+    /// Whether `ip` lies in this subnet (`false` for the other kinds).
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        let RouteSpec::Subnet(net, len) = self else {
+            return false;
+        };
+        match (net, ip) {
+            (IpAddr::V4(n), IpAddr::V4(a)) => {
+                let mask = u32::MAX.checked_shl(32 - u32::from(*len)).unwrap_or(0);
+                u32::from(*n) & mask == u32::from(a) & mask
+            }
+            (IpAddr::V6(n), IpAddr::V6(a)) => {
+                let mask = u128::MAX.checked_shl(128 - u32::from(*len)).unwrap_or(0);
+                u128::from(*n) & mask == u128::from(a) & mask
+            }
+            _ => false,
+        }
+    }
+}
+
 /// Every setting of a rank.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
@@ -65,9 +113,11 @@ pub struct Config {
     /// means on for UDP and off for in-process and shared memory; see
     /// [`reliability_for`](Self::reliability_for).
     pub reliability: Option<bool>,
-    /// `RANKWEAVE_ROUTES`: local addresses, comma-separated, one UDP route (adapter) each, such
-    /// as `10.0.1.1,10.0.2.1`. Empty: one route on the loopback address.
-    pub routes: Vec<IpAddr>,
+    /// `RANKWEAVE_ROUTES`: one UDP route (adapter) per entry, comma-separated; an entry is a
+    /// local address (`10.0.1.1`), an interface name (`eth1`) or a subnet (`10.0.2.0/24`, the
+    /// local address inside it), such as `10.0.1.1,eth1`. Empty: one route on the loopback
+    /// address (multi-host jobs: on the first non-loopback IPv4 address).
+    pub routes: Vec<RouteSpec>,
     /// `RANKWEAVE_PEER_TIMEOUT` (seconds, fractions allowed): how long a peer may stay silent
     /// (no packet, not even a keepalive answer) before it is declared failed and operations
     /// that involve it end with [`Error::PeerFailed`](crate::Error::PeerFailed). Default 5 s.
@@ -199,16 +249,40 @@ impl Config {
     }
 }
 
-fn parse_routes(v: &str) -> Result<Vec<IpAddr>, ConfigError> {
+fn parse_routes(v: &str) -> Result<Vec<RouteSpec>, ConfigError> {
+    let bad = |s: &str, why: &str| ConfigError {
+        variable: "RANKWEAVE_ROUTES".into(),
+        value: v.into(),
+        expected: format!(
+            "comma-separated IP addresses, interface names or subnets (a.b.c.d/len); {s:?} {why}"
+        ),
+    };
     v.split(',')
         .map(str::trim)
         .filter(|s| !s.is_empty())
         .map(|s| {
-            s.parse::<IpAddr>().map_err(|_| ConfigError {
-                variable: "RANKWEAVE_ROUTES".into(),
-                value: v.into(),
-                expected: format!("comma-separated IP addresses; {s:?} is not one"),
-            })
+            if let Ok(ip) = s.parse::<IpAddr>() {
+                return Ok(RouteSpec::Addr(ip));
+            }
+            if let Some((net, len)) = s.split_once('/') {
+                let net: IpAddr = net.parse().map_err(|_| bad(s, "is not a subnet"))?;
+                let max = if net.is_ipv4() { 32 } else { 128 };
+                let len: u8 = len
+                    .parse()
+                    .ok()
+                    .filter(|l| *l <= max)
+                    .ok_or_else(|| bad(s, "has a bad prefix length"))?;
+                return Ok(RouteSpec::Subnet(net, len));
+            }
+            // Linux interface names: up to 15 bytes, no '/', whitespace or ':'.
+            let name_ok = s.len() <= 15
+                && s.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_.@".contains(&b));
+            if name_ok {
+                Ok(RouteSpec::Interface(s.to_string()))
+            } else {
+                Err(bad(s, "is none of these"))
+            }
         })
         .collect()
 }
@@ -377,8 +451,8 @@ mod tests {
         assert_eq!(
             c.routes,
             vec![
-                IpAddr::from([127, 0, 0, 1]),
-                "::1".parse::<IpAddr>().unwrap()
+                RouteSpec::Addr(IpAddr::from([127, 0, 0, 1])),
+                RouteSpec::Addr("::1".parse::<IpAddr>().unwrap())
             ]
         );
         let on = Config::default()
@@ -389,10 +463,32 @@ mod tests {
             .with_env(env(&[("RANKWEAVE_RELIABILITY", "maybe")]))
             .unwrap_err();
         assert_eq!(e.variable, "RANKWEAVE_RELIABILITY");
-        let e = Config::default()
-            .with_env(env(&[("RANKWEAVE_ROUTES", "127.0.0.1,eth0")]))
-            .unwrap_err();
-        assert!(e.expected.contains("\"eth0\""), "{e}");
+        let c = Config::default()
+            .with_env(env(&[(
+                "RANKWEAVE_ROUTES",
+                "127.0.0.1,eth0,10.1.0.0/16,fd00::/8",
+            )]))
+            .unwrap();
+        assert_eq!(
+            c.routes,
+            vec![
+                RouteSpec::Addr(IpAddr::from([127, 0, 0, 1])),
+                RouteSpec::Interface("eth0".into()),
+                RouteSpec::Subnet(IpAddr::from([10, 1, 0, 0]), 16),
+                RouteSpec::Subnet("fd00::".parse().unwrap(), 8),
+            ]
+        );
+        assert!(c.routes[2].contains(IpAddr::from([10, 1, 200, 3])));
+        assert!(!c.routes[2].contains(IpAddr::from([10, 2, 0, 1])));
+        assert!(c.routes[3].contains("fd12::1".parse().unwrap()));
+        assert!(!c.routes[1].contains(IpAddr::from([10, 1, 0, 1])));
+        assert_eq!(c.routes[2].to_string(), "10.1.0.0/16");
+        for bad in ["10.0.0.0/33", "x/8", "not an interface", "a:b"] {
+            let e = Config::default()
+                .with_env(env(&[("RANKWEAVE_ROUTES", bad)]))
+                .unwrap_err();
+            assert_eq!(e.variable, "RANKWEAVE_ROUTES", "{bad}");
+        }
     }
 
     #[test]

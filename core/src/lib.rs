@@ -30,7 +30,7 @@ pub mod wire;
 pub use carrier::{Carrier, Datagram};
 pub use chaos::ChaosSpec;
 pub use comm::{Communicator, ProbeOp, RecvIntoOp, RecvOp, SendOp};
-pub use config::{Config, ProgressPolicy, TransportKind};
+pub use config::{Config, ProgressPolicy, RouteSpec, TransportKind};
 pub use error::{ConfigError, Error, Result, TransportError};
 pub use stats::{RouteCounters, Stats, TransportStats};
 pub use transport::{Arrival, Capabilities, Transport};

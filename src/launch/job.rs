@@ -7,7 +7,7 @@
 //! carrier's [`PeerDirectory`](rankweave_transports::udp::PeerDirectory)), and its link state
 //! is created then, so a rank that talks to three neighbours holds three links, not N.
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
 use rankweave_core::{Communicator, Config, Error, TransportKind};
@@ -51,10 +51,11 @@ pub(crate) async fn join(config: Config, bootstrap: Bootstrap) -> Result<Communi
     let launcher = directory.launcher();
     let fail = |m: String| launch_error(launcher, m);
 
-    let mut settings = udp::settings_for(&config);
+    let mut settings =
+        udp::settings_for(&config).map_err(|e| fail(format!("RANKWEAVE_ROUTES: {e}")))?;
     if config.routes.is_empty() && !me.all_local {
         // Loopback would not reach ranks on other hosts.
-        let ip = first_external_ipv4().ok_or_else(|| {
+        let ip = udp::interfaces::first_external_ipv4().ok_or_else(|| {
             fail("ranks run on several hosts, but this host has no non-loopback IPv4 address; set RANKWEAVE_ROUTES".into())
         })?;
         settings.routes = vec![IpAddr::V4(ip)];
@@ -101,37 +102,4 @@ pub(crate) async fn leave() -> Result<(), Error> {
             .map_err(|m| launch_error(d.launcher(), format!("finalize: {m}"))),
         None => Ok(()),
     }
-}
-
-/// The first IPv4 address of an interface that is up and not loopback.
-fn first_external_ipv4() -> Option<Ipv4Addr> {
-    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
-    // SAFETY: getifaddrs writes a pointer to a list it allocated into `list`, which we free
-    // below with freeifaddrs; we pass a valid pointer to a local.
-    if unsafe { libc::getifaddrs(&mut list) } != 0 {
-        return None;
-    }
-    let mut found = None;
-    let mut cur = list;
-    while !cur.is_null() {
-        // SAFETY: `cur` is a non-null node of the list getifaddrs returned, not yet freed.
-        let ifa = unsafe { &*cur };
-        let up = ifa.ifa_flags & (libc::IFF_UP as u32) != 0;
-        let loopback = ifa.ifa_flags & (libc::IFF_LOOPBACK as u32) != 0;
-        if up && !loopback && !ifa.ifa_addr.is_null() {
-            // SAFETY: `ifa_addr` is non-null and points to a sockaddr of the list; we only read
-            // it as sockaddr_in after checking its family says it is one.
-            let family = unsafe { (*ifa.ifa_addr).sa_family };
-            if i32::from(family) == libc::AF_INET {
-                // SAFETY: as above; AF_INET addresses are `sockaddr_in`.
-                let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
-                found = Some(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)));
-                break;
-            }
-        }
-        cur = ifa.ifa_next;
-    }
-    // SAFETY: `list` came from a successful getifaddrs and is freed exactly once.
-    unsafe { libc::freeifaddrs(list) };
-    found
 }

@@ -19,6 +19,7 @@
 //!   set-up: nothing is exchanged N² at start-up). A packet is attributed to the rank it claims
 //!   only if it comes from an address that rank published.
 
+pub mod interfaces;
 mod socket;
 
 use std::net::{IpAddr, SocketAddr};
@@ -387,7 +388,7 @@ pub fn world(n: usize, config: &Config) -> Result<Vec<Communicator>, Error> {
         ));
     }
     let size = u32::try_from(n).map_err(|_| Error::InvalidArgument(format!("{n} ranks")))?;
-    let settings = settings_for(config);
+    let settings = settings_for(config).map_err(Error::Transport)?;
     let carriers = bind_job(size, &settings).map_err(Error::Transport)?;
     let job_key = rankweave_core::rng::random_u64();
     carriers
@@ -400,17 +401,21 @@ pub fn world(n: usize, config: &Config) -> Result<Vec<Communicator>, Error> {
         .collect()
 }
 
-/// The settings `config` asks for: its routes (loopback when it names none) and a datagram
-/// size that respects its `max_frame`.
-pub fn settings_for(config: &Config) -> UdpSettings {
+/// The settings `config` asks for: its routes (loopback when it names none; interface names
+/// and subnets resolved to local addresses) and a datagram size that respects its `max_frame`.
+pub fn settings_for(config: &Config) -> Result<UdpSettings, TransportError> {
     let mut settings = UdpSettings::default();
     if !config.routes.is_empty() {
-        settings.routes = config.routes.clone();
+        settings.routes = config
+            .routes
+            .iter()
+            .map(interfaces::resolve)
+            .collect::<Result<_, _>>()?;
     }
     if let Some(m) = config.max_frame {
         settings.max_datagram = settings.max_datagram.min(m + 512);
     }
-    settings
+    Ok(settings)
 }
 
 /// One rank's transport over `carrier` in a `size`-rank job with key `job_key`: the link layer
