@@ -65,7 +65,16 @@ fn explicit_configuration_comes_first() {
     let text = e.to_string();
     assert!(text.contains("RANKWEAVE_RENDEZVOUS"), "{text}");
     let e = detect(env(&[("RANKWEAVE_RANK", "4"), ("RANKWEAVE_SIZE", "4")])).unwrap_err();
-    assert!(matches!(e, LaunchError::Invalid { var: "RANKWEAVE_RANK", .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            LaunchError::Invalid {
+                var: "RANKWEAVE_RANK",
+                ..
+            }
+        ),
+        "{e}"
+    );
     let e = detect(env(&[("RANKWEAVE_RANK", "x"), ("RANKWEAVE_SIZE", "4")])).unwrap_err();
     assert!(e.to_string().contains("not a whole number"), "{e}");
 }
@@ -109,7 +118,11 @@ fn rwrun_variables() {
     assert!(!j.rank0_serves, "rwrun serves the rendezvous itself");
     assert!(j.all_local);
 
-    for drop in ["RANKWEAVE_RENDEZVOUS", "RANKWEAVE_JOB_KEY", "RANKWEAVE_SIZE"] {
+    for drop in [
+        "RANKWEAVE_RENDEZVOUS",
+        "RANKWEAVE_JOB_KEY",
+        "RANKWEAVE_SIZE",
+    ] {
         let partial: Vec<_> = full.iter().copied().filter(|(k, _)| *k != drop).collect();
         let e = detect(env(&partial)).unwrap_err();
         assert!(e.to_string().contains(drop), "without {drop}: {e}");
@@ -117,7 +130,16 @@ fn rwrun_variables() {
     let mut bad_key = full;
     bad_key[4].1 = "not-hex";
     let e = detect(env(&bad_key)).unwrap_err();
-    assert!(matches!(e, LaunchError::Invalid { var: "RANKWEAVE_JOB_KEY", .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            LaunchError::Invalid {
+                var: "RANKWEAVE_JOB_KEY",
+                ..
+            }
+        ),
+        "{e}"
+    );
     let mut other = full;
     other[0].1 = "somebody-else";
     assert!(detect(env(&other)).is_err());
@@ -135,7 +157,10 @@ fn open_mpi_on_one_host_derives_its_rendezvous() {
     assert_eq!(j.launcher, Launcher::OpenMpi);
     assert_eq!((j.rank, j.size), (3, 4));
     assert!(j.all_local && j.rank0_serves);
-    assert_eq!(j.rendezvous, format!("127.0.0.1:{}", derived_port("1234567")));
+    assert_eq!(
+        j.rendezvous,
+        format!("127.0.0.1:{}", derived_port("1234567"))
+    );
     let port = derived_port("1234567");
     assert!((20_000..60_000).contains(&port));
     assert_ne!(derived_port("1234567"), derived_port("1234568"));
@@ -149,7 +174,10 @@ fn open_mpi_on_one_host_derives_its_rendezvous() {
     ]))
     .unwrap_err();
     let text = e.to_string();
-    assert!(text.contains("RANKWEAVE_RENDEZVOUS") && text.contains("MASTER_ADDR"), "{text}");
+    assert!(
+        text.contains("RANKWEAVE_RENDEZVOUS") && text.contains("MASTER_ADDR"),
+        "{text}"
+    );
     let j = job(detect(env(&[
         ("OMPI_COMM_WORLD_RANK", "3"),
         ("OMPI_COMM_WORLD_SIZE", "4"),
@@ -198,7 +226,12 @@ fn slurm_and_torchrun_environments() {
     assert_eq!(j.rendezvous, "[fe80::1]:29500");
     let e = detect(env(&[("WORLD_SIZE", "2"), ("MASTER_ADDR", "h")])).unwrap_err();
     assert_eq!(missing(e), ("RANK", "WORLD_SIZE"));
-    let e = detect(env(&[("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "h")])).unwrap_err();
+    let e = detect(env(&[
+        ("RANK", "0"),
+        ("WORLD_SIZE", "2"),
+        ("MASTER_ADDR", "h"),
+    ]))
+    .unwrap_err();
     assert_eq!(missing(e), ("MASTER_PORT", "MASTER_ADDR"));
     let e = detect(env(&[
         ("RANK", "0"),
@@ -207,7 +240,16 @@ fn slurm_and_torchrun_environments() {
         ("MASTER_PORT", "http"),
     ]))
     .unwrap_err();
-    assert!(matches!(e, LaunchError::Invalid { var: "MASTER_PORT", .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            LaunchError::Invalid {
+                var: "MASTER_PORT",
+                ..
+            }
+        ),
+        "{e}"
+    );
 }
 
 #[test]

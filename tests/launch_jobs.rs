@@ -14,7 +14,11 @@ fn example(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test binary path");
     let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
     let path = dir.join("examples").join(name);
-    assert!(path.exists(), "{} not built (cargo test builds examples)", path.display());
+    assert!(
+        path.exists(),
+        "{} not built (cargo test builds examples)",
+        path.display()
+    );
     path
 }
 
@@ -51,10 +55,17 @@ fn run_with_deadline(mut cmd: Command, deadline: Duration) -> Output {
 fn assert_ring_output(out: &Output, n: usize) {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "status {:?}\nstdout:\n{stdout}\nstderr:\n{stderr}", out.status);
+    assert!(
+        out.status.success(),
+        "status {:?}\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        out.status
+    );
     for r in 0..n {
         let line = format!("rank {r} of {n}: 5 hops, payload checked at every hop");
-        assert!(stdout.contains(&line), "missing {line:?} in\n{stdout}\nstderr:\n{stderr}");
+        assert!(
+            stdout.contains(&line),
+            "missing {line:?} in\n{stdout}\nstderr:\n{stderr}"
+        );
     }
 }
 
@@ -76,7 +87,10 @@ fn ring_with_explicit_configuration() {
         let out = child.join().expect("runner thread");
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success(), "rank {r}: {out:?}");
-        assert!(stdout.contains(&format!("rank {r} of 4: 5 hops")), "rank {r}: {stdout}");
+        assert!(
+            stdout.contains(&format!("rank {r} of 4: 5 hops")),
+            "rank {r}: {stdout}"
+        );
     }
 }
 
@@ -153,7 +167,10 @@ fn child() {
                 for peer in 0..world.size() {
                     if peer != victim {
                         let m = world.recv(peer, round).await.expect("victim recv");
-                        world.send(peer, round, m.data().to_vec()).await.expect("victim send");
+                        world
+                            .send(peer, round, m.data().to_vec())
+                            .await
+                            .expect("victim send");
                     }
                 }
             } else {
@@ -167,8 +184,15 @@ fn child() {
                         .ok()
                         .and_then(|s| s.trim().parse().ok())
                         .unwrap_or(0);
-                    println!("rank {me}: {e:?} {} ms after the kill", now_ms().saturating_sub(killed_at));
-                    std::process::exit(if matches!(e, rankweave::Error::PeerFailed { rank: 3 }) { 0 } else { 1 });
+                    println!(
+                        "rank {me}: {e:?} {} ms after the kill",
+                        now_ms().saturating_sub(killed_at)
+                    );
+                    std::process::exit(if matches!(e, rankweave::Error::PeerFailed { rank: 3 }) {
+                        0
+                    } else {
+                        1
+                    });
                 }
             }
         }
@@ -200,7 +224,12 @@ fn sigkilled_rank_makes_the_others_fail_with_peer_failed() {
     let outs: Vec<Output> = children.into_iter().map(|c| c.join().unwrap()).collect();
     let _ = std::fs::remove_dir_all(&dir);
     use std::os::unix::process::ExitStatusExt;
-    assert_eq!(outs[3].status.signal(), Some(libc::SIGKILL), "the victim: {:?}", outs[3]);
+    assert_eq!(
+        outs[3].status.signal(),
+        Some(libc::SIGKILL),
+        "the victim: {:?}",
+        outs[3]
+    );
     for (r, out) in outs.iter().enumerate().take(3) {
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(
@@ -208,7 +237,10 @@ fn sigkilled_rank_makes_the_others_fail_with_peer_failed() {
             "rank {r} did not report PeerFailed {{ rank: 3 }}: {stdout}\n{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let line = stdout.lines().find(|l| l.contains("ms after the kill")).unwrap();
+        let line = stdout
+            .lines()
+            .find(|l| l.contains("ms after the kill"))
+            .unwrap();
         let ms: u64 = line
             .split_whitespace()
             .rev()
