@@ -5,9 +5,9 @@
 //! (definitions, defaults, output columns) so their rows line up with OSU's.
 //!
 //! Structure: [`run`] is the rank body — it only needs a [`Communicator`] and the options, not
-//! how ranks were started. [`launch`] starts ranks: in-process today (`rankweave::local_with`),
-//! and under a launcher (`rwrun`, `mpiexec`) through `rankweave::init_with`, which is where
-//! launcher support plugs in once rankweave has it.
+//! how ranks were started. [`launch`] starts ranks: in-process (`rankweave::local_with`) when
+//! no launcher started this process, else one rank per process through `rankweave::init_job`
+//! (under `rwrun`, `mpiexec.mpich`, `mpirun.openmpi`, ...).
 
 mod cli;
 mod collective;
@@ -19,6 +19,7 @@ mod tests;
 
 use std::process::ExitCode;
 
+use rankweave::launch::detect::{Bootstrap, detect_from_env};
 use rankweave::{Communicator, Config};
 
 use crate::cli::{Bench, Command, DEFAULT_RANKS, Options};
@@ -51,37 +52,36 @@ pub async fn run(comm: Communicator, opts: Options) -> Result<Option<Report>> {
     Ok(out.finish())
 }
 
-/// Environment variables that show a launcher started this process. Mirrors the private list in
-/// the facade's `src/launch.rs`; replace with the facade's own detection once it exports one.
-const LAUNCHER_VARIABLES: &[&str] = &[
-    "PMI_FD",
-    "PMI_PORT",
-    "OMPI_COMM_WORLD_SIZE",
-    "SLURM_NTASKS",
-    "RANKWEAVE_RANK",
-];
-
-fn launcher_variable() -> Option<&'static str> {
-    LAUNCHER_VARIABLES
-        .iter()
-        .copied()
-        .find(|v| std::env::var_os(v).is_some())
+/// The launcher that started this process, if any.
+fn launcher() -> Result<Option<Bootstrap>> {
+    match detect_from_env().map_err(rankweave::Error::from)? {
+        Bootstrap::Singleton => Ok(None),
+        other => Ok(Some(other)),
+    }
 }
 
 /// Starts the ranks and runs [`run`] on each.
-async fn launch(config: Config, mut opts: Options) -> Result<()> {
-    match launcher_variable() {
-        Some(var) => {
+async fn launch(config: Config, mut opts: Options, bootstrap: Option<Bootstrap>) -> Result<()> {
+    match bootstrap {
+        Some(bootstrap) => {
             if opts.ranks.is_some() {
-                return Err(BenchError::Usage(format!(
-                    "--ranks is for in-process runs; this process was started by a launcher ({var} is set), which sets the number of ranks"
-                )));
+                return Err(BenchError::Usage(
+                    "--ranks is for in-process runs; this process was started by a launcher, which sets the number of ranks".into(),
+                ));
             }
-            opts.launch = format!("launcher, {var}");
-            // One rank per process. Launcher support plugs in here: today `init_with` reports
-            // that it is not built yet, and that error ends the run.
-            let comm = rankweave::init_with(config).await?;
-            run(comm, opts).await?;
+            opts.launch = match &bootstrap {
+                Bootstrap::Pmi(_) => "one process per rank, PMI-1".into(),
+                Bootstrap::Rendezvous(job) => {
+                    format!("one process per rank, {}", job.launcher.name())
+                }
+                Bootstrap::Singleton => "singleton".into(),
+            };
+            let comm = rankweave::init_job(config, bootstrap).await?;
+            let result = run(comm.clone(), opts).await;
+            // Leave the job either way, so the other ranks are not left waiting.
+            let finalized = rankweave::finalize(comm).await;
+            result?;
+            finalized?;
             Ok(())
         }
         None => {
@@ -127,11 +127,21 @@ fn real_main(args: &[String]) -> Result<()> {
         });
     }
     let config = Config::from_env()?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    let bootstrap = launcher()?;
+    // One rank per process gets one worker thread, as an MPI rank has one thread: the rank's
+    // busy-polling future drives its transport itself. In-process ranks share the default pool.
+    let mut builder = if bootstrap.is_some() {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(1);
+        b
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+    };
+    let runtime = builder
         .enable_all()
         .build()
         .map_err(|e| BenchError::Other(format!("cannot start the tokio runtime: {e}")))?;
-    runtime.block_on(launch(config, opts))
+    runtime.block_on(launch(config, opts, bootstrap))
 }
 
 fn main() -> ExitCode {
