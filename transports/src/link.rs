@@ -112,6 +112,10 @@ struct State {
     /// it to re-arm, or the retransmission would wait for some unrelated wake-up.
     armed: Option<Instant>,
     timer_waker: Option<std::task::Waker>,
+    /// No link has a deadline before this (it may be earlier than the true earliest deadline,
+    /// never later), so [`Shared::advance`] scans the links only when it has passed: busy
+    /// pollers call `advance` millions of times a second.
+    next_due: Option<Instant>,
     counters: Counters,
 }
 
@@ -236,17 +240,18 @@ impl<C: Carrier> Shared<C> {
         if !self.config.reliability {
             return;
         }
-        let due: Vec<u32> = st
-            .links
-            .iter()
-            .filter(|(_, l)| l.poll_timeout().is_some_and(|t| t <= now))
-            .map(|(p, _)| *p)
-            .collect();
-        for peer in due {
-            if let Some(l) = st.links.get_mut(&peer) {
-                l.handle_timeout(now);
+        if st.next_due.is_some_and(|d| d <= now) {
+            st.next_due = None;
+            for (peer, l) in st.links.iter_mut() {
+                match l.poll_timeout() {
+                    Some(t) if t <= now => {
+                        l.handle_timeout(now);
+                        touched.push(*peer);
+                    }
+                    Some(t) => st.next_due = Some(st.next_due.map_or(t, |d| d.min(t))),
+                    None => {}
+                }
             }
-            touched.push(peer);
         }
         touched.sort_unstable();
         touched.dedup();
@@ -364,6 +369,9 @@ impl<C: Carrier> Shared<C> {
         }
         let deadline = link.poll_timeout();
         st.links.insert(peer, link);
+        if let Some(d) = deadline {
+            st.next_due = Some(st.next_due.map_or(d, |n| n.min(d)));
+        }
         if self.busy_pollers.load(Ordering::Relaxed) == 0 {
             self.rearm_if_earlier(st, deadline);
         }
@@ -566,7 +574,7 @@ impl<C: Carrier> Transport for LinkTransport<C> {
         // it if deliveries are waiting. Datagrams that arrive later wake it through the
         // carrier's readiness, which busy polling never suppressed.
         let mut st = sh.lock();
-        let deadline = sh.next_deadline(&st);
+        let deadline = st.next_due;
         sh.rearm_if_earlier(&mut st, deadline);
         if !st.ready.is_empty() {
             if let Some(w) = st.timer_waker.take() {
