@@ -6,6 +6,7 @@ mod directory;
 mod job;
 pub mod kvs;
 pub mod pmi;
+pub mod rwrun;
 
 use std::future::Future;
 
