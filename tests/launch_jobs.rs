@@ -95,6 +95,14 @@ fn ring_with_explicit_configuration() {
 }
 
 #[test]
+fn ring_under_rwrun() {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_rwrun"));
+    cmd.args(["-n", "4", "--no-tag-output"])
+        .arg(example("ring"));
+    assert_ring_output(&run_with_deadline(cmd, Duration::from_secs(60)), 4);
+}
+
+#[test]
 fn ring_under_mpiexec_mpich() {
     if !installed("mpiexec.mpich") {
         eprintln!("skipped: mpiexec.mpich not installed (apt-get install mpich)");
@@ -197,6 +205,42 @@ fn child() {
             }
         }
     });
+}
+
+/// The same failure under `rwrun`: the ranks see `PeerFailed`, and `rwrun` names the dead rank.
+#[test]
+fn rwrun_names_a_sigkilled_rank_and_the_others_see_peer_failed() {
+    let exe = std::env::current_exe().unwrap();
+    let dir = std::env::temp_dir().join(format!("rw-kill-rwrun-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_rwrun"));
+    cmd.args(["-n", "4", "--grace", "10", "--peer-timeout", "1", "--"])
+        .arg(&exe)
+        .args(["--exact", "child", "--nocapture", "--test-threads", "1"])
+        .env("RW_TEST_CHILD", "1")
+        .env("RW_TEST_KILLED_AT", dir.join("killed-at"));
+    let out = run_with_deadline(cmd, Duration::from_secs(60));
+    let _ = std::fs::remove_dir_all(&dir);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(137),
+        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    assert!(
+        stderr.contains("rank 3") && stderr.contains("SIGKILL"),
+        "rwrun must name rank 3 and SIGKILL:\n{stderr}"
+    );
+    for r in 0..3 {
+        let line = format!("[{r}] ");
+        assert!(
+            stdout
+                .lines()
+                .any(|l| l.starts_with(&line) && l.contains("PeerFailed { rank: 3 }")),
+            "rank {r} did not report PeerFailed:\n{stdout}\n{stderr}"
+        );
+    }
 }
 
 #[test]
