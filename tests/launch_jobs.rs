@@ -182,8 +182,13 @@ fn child() {
                     }
                 }
             } else {
+                // With RW_TEST_RECV_ONLY, the round the victim dies in is a receive alone:
+                // nothing of ours in flight, so only keepalive can notice the death.
+                let recv_only = round == 5 && std::env::var_os("RW_TEST_RECV_ONLY").is_some();
                 let result = async {
-                    world.send(victim, round, vec![me as u8; 64]).await?;
+                    if !recv_only {
+                        world.send(victim, round, vec![me as u8; 64]).await?;
+                    }
                     world.recv(victim, round).await
                 }
                 .await;
@@ -245,11 +250,21 @@ fn rwrun_names_a_sigkilled_rank_and_the_others_see_peer_failed() {
 
 #[test]
 fn sigkilled_rank_makes_the_others_fail_with_peer_failed() {
+    sigkilled_rank_job(false);
+}
+
+/// The others are blocked in a receive from the victim with nothing in flight to it.
+#[test]
+fn sigkilled_rank_fails_receives_with_nothing_in_flight() {
+    sigkilled_rank_job(true);
+}
+
+fn sigkilled_rank_job(recv_only: bool) {
     let exe = std::env::current_exe().unwrap();
-    let dir = std::env::temp_dir().join(format!("rw-kill-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("rw-kill-{}-{recv_only}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let marker = dir.join("killed-at");
-    let port = 20_000 + ((std::process::id() + 7919) % 30_000) as u16;
+    let port = 20_000 + ((std::process::id() + 7919 + u32::from(recv_only) * 101) % 30_000) as u16;
     let timeout_s = 1.0;
     let started = Instant::now();
     let children: Vec<_> = (0..4)
@@ -262,6 +277,9 @@ fn sigkilled_rank_makes_the_others_fail_with_peer_failed() {
                 .env("RANKWEAVE_SIZE", "4")
                 .env("RANKWEAVE_RENDEZVOUS", format!("127.0.0.1:{port}"))
                 .env("RANKWEAVE_PEER_TIMEOUT", timeout_s.to_string());
+            if recv_only {
+                c.env("RW_TEST_RECV_ONLY", "1");
+            }
             std::thread::spawn(move || run_with_deadline(c, Duration::from_secs(60)))
         })
         .collect();

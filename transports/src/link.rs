@@ -20,6 +20,13 @@
 //! 4. Otherwise the link takes it; payloads it delivers (in order, exactly once) are decoded as
 //!    frames (`malformed_dropped` if that fails) and handed to the message layer.
 //!
+//! # Liveness
+//!
+//! Every link runs keepalive (see `rankweave_core::reliability::liveness`): a peer silent for the
+//! peer timeout is reported lost ([`Arrival::PeerLost`]), and operations involving it fail with
+//! `PeerFailed`. A closing rank says BYE to every peer it has a link with once its data was
+//! acknowledged (or the linger time is up), so its silence afterwards is no failure.
+//!
 //! # Timers
 //!
 //! The links' retransmission, delayed-ACK and probe timers are served by
@@ -62,16 +69,25 @@ pub struct LinkTransportConfig {
 }
 
 impl LinkTransportConfig {
-    /// Defaults for rank `rank` of a `size`-rank job with key `job_key`, reliability on.
+    /// Defaults for rank `rank` of a `size`-rank job with key `job_key`: reliability on, the
+    /// default peer timeout with keepalive.
     pub fn new(rank: u32, size: u32, job_key: u64) -> Self {
+        let link = LinkConfig::default();
+        let timeout = link.peer_timeout;
         LinkTransportConfig {
             rank,
             size,
             job_key,
             reliability: true,
-            link: LinkConfig::default(),
+            link: link.with_peer_timeout(timeout),
             linger: Duration::from_secs(2),
         }
+    }
+
+    /// These settings with peer timeout `timeout` (keepalive after a fifth of it).
+    pub fn with_peer_timeout(mut self, timeout: Duration) -> Self {
+        self.link = self.link.with_peer_timeout(timeout);
+        self
     }
 }
 
@@ -423,6 +439,23 @@ impl<C: Carrier> Shared<C> {
         timer.as_mut().poll(cx)
     }
 
+    /// Says BYE on every live link (best effort: one datagram each) and closes the carrier.
+    fn say_goodbye_and_close(&self) {
+        if self.config.reliability {
+            let mut st = self.lock();
+            let now = Instant::now();
+            let peers: Vec<u32> = st.links.keys().copied().collect();
+            for peer in peers {
+                if let Some(l) = st.links.get_mut(&peer) {
+                    l.close();
+                }
+                self.service(&mut st, now, peer);
+            }
+        }
+        self.carrier.close();
+        self.drained.store(true, Ordering::Release);
+    }
+
     fn all_quiet(&self, st: &State) -> bool {
         st.links
             .iter()
@@ -550,10 +583,7 @@ impl<C: Carrier> Transport for LinkTransport<C> {
             Ok(h) if !quiet => {
                 h.spawn(linger(Arc::clone(sh)));
             }
-            _ => {
-                sh.carrier.close();
-                sh.drained.store(true, Ordering::Release);
-            }
+            _ => sh.say_goodbye_and_close(),
         }
     }
 
@@ -613,8 +643,7 @@ async fn linger<C: Carrier>(sh: Arc<Shared<C>>) {
         });
         let _ = tokio::time::timeout_at(tokio::time::Instant::from_std(until), wait).await;
     }
-    sh.carrier.close();
-    sh.drained.store(true, Ordering::Release);
+    sh.say_goodbye_and_close();
 }
 
 impl<C: Carrier> std::fmt::Debug for LinkTransport<C> {

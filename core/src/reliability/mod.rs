@@ -17,6 +17,7 @@
 //! * [`receive_window`]: [`ReceiveWindow`], duplicate suppression, reordering, in-order delivery.
 //! * [`paths`]: [`PathScheduler`], the routes: which are Up, which carries each packet
 //!   (striping), strikes, failover, probing and fail-back, per-route counters.
+//! * [`liveness`]: [`Liveness`], when silence means the peer is dead; keepalive PINGs; BYE.
 //!
 //! # Driving a link
 //!
@@ -57,11 +58,14 @@
 //!   ACK (after an out-of-order packet, a duplicate, a packet beyond the window, or carrying a
 //!   NACK) still goes as a standalone ACK, since only it carries the selective bitmap and the
 //!   NACK.
-//! * **Retransmission**: see [`retransmit`]. The peer is declared dead
-//!   ([`LinkEvent::PeerDead`]) when the oldest packet timed out
-//!   [`retry_limit`](LinkConfig::retry_limit) times in a row without any ACK (standalone or
-//!   piggybacked) from the peer. Retransmissions go on an Up route, preferring one other than
-//!   the route that lost the packet.
+//! * **Retransmission**: see [`retransmit`]. Retransmissions go on an Up route, preferring one
+//!   other than the route that lost the packet.
+//! * **Liveness** (details in [`liveness`]). The peer is declared dead
+//!   ([`LinkEvent::PeerDead`]) when nothing was heard from it for
+//!   [`peer_timeout`](LinkConfig::peer_timeout) while data of ours is unacknowledged, or, with
+//!   [`keepalive`](LinkConfig::keepalive) on, at all: a link that has heard nothing for the
+//!   keepalive interval sends a PING on its primary route, which a live peer answers. A link
+//!   that [closes](ReliableLink::close) sends BYE; a peer that said BYE is no longer pinged.
 //! * **Routes** (details in [`paths`]). Each route is Up or Down; the lowest Up route is the
 //!   *primary*.
 //!   * *Striping.* A payload of at most [`stripe_threshold`](LinkConfig::stripe_threshold)
@@ -87,6 +91,7 @@
 //! * **Raw packets.** [`PacketBody::Raw`] is for transports with reliability off; a link drops
 //!   and counts any it is handed ([`LinkStats::raw_dropped`]).
 
+pub mod liveness;
 pub mod packet;
 pub mod paths;
 pub mod receive_window;
@@ -100,10 +105,11 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
+pub use liveness::Liveness;
 pub use packet::{AckInfo, Packet, PacketBody, PacketError};
 pub use paths::{PathScheduler, RouteChange, RouteStats};
 pub use receive_window::{Arrival, ReceiveWindow};
-pub use retransmit::{QueueEvent, RetransmitQueue, TimeoutOutcome};
+pub use retransmit::{QueueEvent, RetransmitQueue};
 pub use rtt::RttEstimator;
 
 /// Settings of a [`ReliableLink`].
@@ -121,10 +127,14 @@ pub struct LinkConfig {
     pub max_rto: Duration,
     /// Backoff exponent cap: a timer runs at most `RTO × 2^max_backoff`. Default 8 (×256).
     pub max_backoff: u32,
-    /// Timeouts in a row, without any ACK from the peer, after which the peer is declared dead.
-    /// Default 16: with the other defaults, about 5 s of silence at the 2 ms minimum RTO and
-    /// about 26 s at the 10 ms initial RTO.
-    pub retry_limit: u32,
+    /// Silence after which the peer is declared dead: nothing heard from it for this long while
+    /// data of ours is unacknowledged (or at all, with [`keepalive`](Self::keepalive) on).
+    /// Default 5 s.
+    pub peer_timeout: Duration,
+    /// Send a keepalive PING after this much silence from the peer, so that a dead peer is
+    /// noticed even with nothing in flight. Default `None` (off); transports turn it on with
+    /// [`with_peer_timeout`](Self::with_peer_timeout).
+    pub keepalive: Option<Duration>,
     /// Send an ACK after this many in-order DATA packets. Default 2; 1 acknowledges every packet.
     pub ack_frequency: u32,
     /// Send an ACK at the latest this long after an unacknowledged DATA packet arrived.
@@ -141,6 +151,18 @@ pub struct LinkConfig {
     pub probe_interval: Duration,
 }
 
+impl LinkConfig {
+    /// These settings with peer timeout `timeout` and keepalive on, a PING after a fifth of it:
+    /// a live peer answers four or five PINGs before the timeout would declare it dead.
+    pub fn with_peer_timeout(self, timeout: Duration) -> Self {
+        LinkConfig {
+            peer_timeout: timeout,
+            keepalive: Some(timeout / 5),
+            ..self
+        }
+    }
+}
+
 /// Shortest [`LinkConfig::probe_interval`] a link uses.
 pub const MIN_PROBE_INTERVAL: Duration = Duration::from_micros(100);
 
@@ -152,7 +174,8 @@ impl Default for LinkConfig {
             min_rto: Duration::from_millis(2),
             max_rto: Duration::from_secs(1),
             max_backoff: 8,
-            retry_limit: 16,
+            peer_timeout: Duration::from_secs(5),
+            keepalive: None,
             ack_frequency: 2,
             ack_delay: Duration::from_micros(500),
             stripe_threshold: 8 * 1024,
@@ -174,7 +197,7 @@ pub struct Transmit {
 /// What a link reports.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LinkEvent {
-    /// The peer stopped answering on every route: retry limit reached. The link sends no more
+    /// The peer stopped answering on every route for the peer timeout. The link sends no more
     /// DATA and no more probes.
     PeerDead {
         /// The peer's rank.
@@ -236,6 +259,10 @@ pub struct LinkStats {
     pub raw_dropped: u64,
     /// PINGs sent (probes of Down routes).
     pub pings_sent: u64,
+    /// Keepalive PINGs sent (after a silent keepalive interval).
+    pub keepalives_sent: u64,
+    /// BYE packets received (the peer closed).
+    pub byes_received: u64,
     /// PONGs sent (answers to the peer's PINGs).
     pub pongs_sent: u64,
     /// PONGs received.
@@ -275,6 +302,10 @@ impl AckState {
 /// Most PONGs waiting to be sent; PINGs beyond it are not answered (the peer pings again).
 pub const MAX_PENDING_PONGS: usize = 64;
 
+/// The nonce of keepalive PINGs (route probes never use it: their nonces count up from a random
+/// start, and a PONG of this nonce is only a sign of life).
+pub const KEEPALIVE_NONCE: u64 = u64::MAX;
+
 /// The reliable link from this rank to one peer, over one or more routes (see the
 /// [module docs](self)).
 #[derive(Debug)]
@@ -298,6 +329,9 @@ pub struct ReliableLink {
     events: VecDeque<LinkEvent>,
     stats: LinkStats,
     dead: bool,
+    liveness: Liveness,
+    /// A BYE is due (the link was closed and has not said it yet).
+    bye_due: bool,
     /// Reordering allowance, in quarters added to the loss delay; grows on each spurious
     /// retransmission (up to [`MAX_REORDER_QUARTERS`]).
     reorder_quarters: u32,
@@ -340,6 +374,8 @@ impl ReliableLink {
             events: VecDeque::new(),
             stats: LinkStats::default(),
             dead: false,
+            liveness: Liveness::new(config.peer_timeout, config.keepalive),
+            bye_due: false,
             reorder_quarters: 0,
             loss_delays: Vec::new(),
             config,
@@ -412,8 +448,30 @@ impl ReliableLink {
     /// Queues `payload` for reliable, in-order delivery to the peer. It goes out from
     /// [`poll_transmit`](Self::poll_transmit) when the window allows (never, once the peer is
     /// dead).
-    pub fn send(&mut self, _now: Instant, payload: Bytes) {
+    pub fn send(&mut self, now: Instant, payload: Bytes) {
+        if self.is_idle() {
+            self.liveness.on_await_start(now);
+        }
         self.unsent.push_back(payload);
+    }
+
+    /// This side is closing: say BYE to the peer (at the next [`poll_transmit`](Self::poll_transmit))
+    /// and send no more keepalives. Unacknowledged data is still retransmitted.
+    pub fn close(&mut self) {
+        if !self.dead && !self.liveness.local_closed() {
+            self.bye_due = true;
+        }
+        self.liveness.on_local_close();
+    }
+
+    /// Whether the peer said BYE (it closed cleanly).
+    pub fn peer_closed(&self) -> bool {
+        self.liveness.peer_closed()
+    }
+
+    /// Whether data of ours waits for the peer: sent and unacknowledged, or queued.
+    fn awaiting(&self) -> bool {
+        !self.is_idle()
     }
 
     /// How long a packet sent before an acknowledged one may be out before it counts as lost,
@@ -454,6 +512,7 @@ impl ReliableLink {
             return;
         }
         self.paths.on_received(route, packet.encoded_len());
+        self.liveness.on_heard(now);
         match packet.body {
             PacketBody::Data {
                 seq,
@@ -481,9 +540,13 @@ impl ReliableLink {
                     self.pongs.push_back((route, nonce));
                 }
             }
+            PacketBody::Bye => {
+                self.stats.byes_received += 1;
+                self.liveness.on_bye();
+            }
             PacketBody::Pong { nonce } => {
                 self.stats.pongs_received += 1;
-                if !self.dead {
+                if !self.dead && nonce != KEEPALIVE_NONCE {
                     self.paths.on_pong(route, nonce);
                     self.take_route_changes();
                 }
@@ -650,6 +713,16 @@ impl ReliableLink {
                 self.stats.pings_sent += 1;
                 return Some(self.transmit(route, PacketBody::Ping { nonce }));
             }
+            if self.liveness.take_ping() {
+                self.stats.keepalives_sent += 1;
+                let route = self.paths.primary().unwrap_or(0);
+                let nonce = KEEPALIVE_NONCE;
+                return Some(self.transmit(route, PacketBody::Ping { nonce }));
+            }
+            if std::mem::take(&mut self.bye_due) {
+                let route = self.paths.primary().unwrap_or(0);
+                return Some(self.transmit(route, PacketBody::Bye));
+            }
         }
         if self.ack.immediate {
             return Some(self.standalone_ack());
@@ -706,8 +779,8 @@ impl ReliableLink {
     /// delayed ACK, the loss timer, the retransmission timer or the next probe of a Down route.
     pub fn poll_timeout(&self) -> Option<Instant> {
         let ack = self.ack.deadline.filter(|_| self.ack.pending > 0);
-        let (retransmit, loss, probe) = if self.dead {
-            (None, None, None)
+        let (retransmit, loss, probe, liveness) = if self.dead {
+            (None, None, None, None)
         } else {
             (
                 self.sent
@@ -718,9 +791,13 @@ impl ReliableLink {
                         .unwrap_or_else(|| self.loss_delay())
                 }),
                 self.paths.poll_timeout(),
+                self.liveness.poll_timeout(self.awaiting()),
             )
         };
-        [ack, retransmit, loss, probe].into_iter().flatten().min()
+        [ack, retransmit, loss, probe, liveness]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// Handles expired timers (an early call does nothing).
@@ -739,24 +816,20 @@ impl ReliableLink {
                 }
             },
         );
-        match self.sent.on_timeout(
-            now,
-            self.rtt.rto(),
-            self.config.max_backoff,
-            self.config.retry_limit,
-        ) {
-            TimeoutOutcome::None => {}
-            TimeoutOutcome::Retransmit(seq) => {
-                self.stats.timeouts += 1;
-                if let Some(p) = self.sent.get(seq) {
-                    self.paths.on_timer_expired(p.route);
-                }
-            }
-            TimeoutOutcome::Dead => {
-                self.dead = true;
-                self.events
-                    .push_back(LinkEvent::PeerDead { rank: self.peer });
-                return;
+        if self.liveness.on_timeout(now, self.awaiting()) {
+            self.dead = true;
+            self.bye_due = false;
+            self.events
+                .push_back(LinkEvent::PeerDead { rank: self.peer });
+            return;
+        }
+        if let Some(seq) = self
+            .sent
+            .on_timeout(now, self.rtt.rto(), self.config.max_backoff)
+        {
+            self.stats.timeouts += 1;
+            if let Some(p) = self.sent.get(seq) {
+                self.paths.on_timer_expired(p.route);
             }
         }
         self.paths.end_pass(now, self.strike_spacing());

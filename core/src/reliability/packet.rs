@@ -1,6 +1,6 @@
 //! The link packet: what the reliability layer puts on an unreliable transport, and its codec.
 //!
-//! Five kinds:
+//! Six kinds:
 //!
 //! * **DATA**: one sequence-numbered payload (normally an encoded
 //!   [`Frame`](crate::frame::Frame)), plus a *piggybacked* acknowledgement of the reverse
@@ -13,7 +13,9 @@
 //!   transport sends when reliability is switched off (`RANKWEAVE_RELIABILITY=off`); a
 //!   [`ReliableLink`](super::ReliableLink) never produces one and drops those it is handed.
 //! * **PING** / **PONG**: a route probe and its answer, carrying a nonce. A link pings a route it
-//!   marked down; the peer answers on the route the PING arrived on.
+//!   marked down, and its primary route as a keepalive after a silence; the peer answers on the
+//!   route the PING arrived on.
+//! * **BYE**: the sender closed cleanly; it answers no more keepalives.
 //!
 //! Sequence numbers start at 1; `0` means "none".
 //!
@@ -25,7 +27,7 @@
 //! |--------|------|---------------|--------------------------------------------------------------------------|
 //! | 0      | 2    | `magic`       | [`MAGIC`]: the bytes `R`, `L` (`0x52 0x4C`)                              |
 //! | 2      | 1    | `version`     | [`VERSION`], `2`                                                         |
-//! | 3      | 1    | `kind`        | `1` DATA, `2` ACK, `3` RAW, `4` PING, `5` PONG (others reserved)         |
+//! | 3      | 1    | `kind`        | `1` DATA, `2` ACK, `3` RAW, `4` PING, `5` PONG, `6` BYE (others reserved) |
 //! | 4      | 4    | `crc`         | `u32`: CRC32C of bytes `0..4` followed by bytes `8..end` (all but itself; RAW: `8..32`, the header only) |
 //! | 8      | 8    | `job_key`     | `u64`: the job's random key; packets of other jobs are dropped           |
 //! | 16     | 4    | `source`      | `u32`: rank that sent the packet                                         |
@@ -70,6 +72,8 @@
 //! | Offset | Size | Field   | Meaning                                                            |
 //! |--------|------|---------|--------------------------------------------------------------------|
 //! | 24     | 8    | `nonce` | `u64`: chosen by the pinger; the PONG echoes the PING's nonce       |
+//!
+//! BYE (length [`PROBE_LEN`] = 32 bytes): bytes `24..32` are reserved and must be `0`.
 //!
 //! # Gather-friendly encoding
 //!
@@ -119,6 +123,7 @@ const KIND_ACK: u8 = 2;
 const KIND_RAW: u8 = 3;
 const KIND_PING: u8 = 4;
 const KIND_PONG: u8 = 5;
+const KIND_BYE: u8 = 6;
 const CRC_RANGE: std::ops::Range<usize> = 4..8;
 
 /// One link packet.
@@ -169,6 +174,8 @@ pub enum PacketBody {
         /// The PING's nonce.
         nonce: u64,
     },
+    /// The sender closed cleanly and answers no more keepalives.
+    Bye,
 }
 
 /// What a receiver tells the sender.
@@ -306,7 +313,10 @@ impl Packet {
     pub fn payload(&self) -> Option<&Bytes> {
         match &self.body {
             PacketBody::Data { payload, .. } | PacketBody::Raw { payload } => Some(payload),
-            PacketBody::Ack(_) | PacketBody::Ping { .. } | PacketBody::Pong { .. } => None,
+            PacketBody::Ack(_)
+            | PacketBody::Ping { .. }
+            | PacketBody::Pong { .. }
+            | PacketBody::Bye => None,
         }
     }
 
@@ -317,7 +327,7 @@ impl Packet {
             PacketBody::Data { .. } => DATA_HEADER_LEN,
             PacketBody::Ack(ack) => ACK_HEADER_LEN + 8 * ack.selective.len().min(MAX_SACK_WORDS),
             PacketBody::Raw { .. } => RAW_HEADER_LEN,
-            PacketBody::Ping { .. } | PacketBody::Pong { .. } => PROBE_LEN,
+            PacketBody::Ping { .. } | PacketBody::Pong { .. } | PacketBody::Bye => PROBE_LEN,
         }
     }
 
@@ -349,6 +359,7 @@ impl Packet {
             PacketBody::Raw { .. } => KIND_RAW,
             PacketBody::Ping { .. } => KIND_PING,
             PacketBody::Pong { .. } => KIND_PONG,
+            PacketBody::Bye => KIND_BYE,
         });
         out.extend_from_slice(&[0; 4]); // CRC, filled in below
         out.extend_from_slice(&self.job_key.to_le_bytes());
@@ -388,6 +399,7 @@ impl Packet {
             PacketBody::Ping { nonce } | PacketBody::Pong { nonce } => {
                 out.extend_from_slice(&nonce.to_le_bytes());
             }
+            PacketBody::Bye => out.extend_from_slice(&[0; 8]),
         }
         let crc = checksum_parts(&[&out[..CRC_RANGE.start], &out[CRC_RANGE.end..], crc_payload]);
         out[CRC_RANGE].copy_from_slice(&crc.to_le_bytes());
@@ -428,7 +440,7 @@ impl Packet {
             KIND_DATA => DATA_HEADER_LEN,
             KIND_ACK => ACK_HEADER_LEN,
             KIND_RAW => RAW_HEADER_LEN,
-            KIND_PING | KIND_PONG => PROBE_LEN,
+            KIND_PING | KIND_PONG | KIND_BYE => PROBE_LEN,
             other => return Err(PacketError::UnknownKind(other)),
         };
         if b.len() < need {
@@ -479,6 +491,10 @@ impl Packet {
                 if b.len() != PROBE_LEN {
                     return Err(PacketError::ImpossibleLength(b.len() as u64));
                 }
+                if kind == KIND_BYE {
+                    reserved_zero(24, 4)?;
+                    reserved_zero(28, 4)?;
+                }
                 (b.len(), None)
             }
         };
@@ -527,6 +543,7 @@ impl Packet {
             KIND_PING => PacketBody::Ping {
                 nonce: u64_at(b, 24),
             },
+            KIND_BYE => PacketBody::Bye,
             _ => PacketBody::Pong {
                 nonce: u64_at(b, 24),
             },
@@ -627,6 +644,7 @@ mod tests {
         for body in [
             PacketBody::Ping { nonce: 0xDEAD_BEEF },
             PacketBody::Pong { nonce: u64::MAX },
+            PacketBody::Bye,
         ] {
             let p = packet(body);
             let buf = p.encode();
@@ -749,6 +767,7 @@ mod tests {
             }),
             any::<u64>().prop_map(|nonce| PacketBody::Ping { nonce }),
             any::<u64>().prop_map(|nonce| PacketBody::Pong { nonce }),
+            Just(PacketBody::Bye),
         ];
         (any::<u64>(), any::<u32>(), any::<u32>(), body).prop_map(
             |(job_key, source, destination, body)| Packet {

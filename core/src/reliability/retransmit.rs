@@ -97,17 +97,6 @@ pub struct Resend {
     pub route: usize,
 }
 
-/// What a timeout did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TimeoutOutcome {
-    /// No timer had expired.
-    None,
-    /// The packet with this sequence number is due for retransmission.
-    Retransmit(u64),
-    /// The oldest packet reached the retry limit: the peer is dead.
-    Dead,
-}
-
 /// Unacknowledged DATA packets, by sequence number.
 #[derive(Clone, Debug, Default)]
 pub struct RetransmitQueue {
@@ -320,31 +309,20 @@ impl RetransmitQueue {
         Some(from + backoff(rto, p.retries, max_backoff))
     }
 
-    /// Handles the timer: if the oldest packet's timer expired, marks it due and counts the retry,
-    /// or reports the peer dead when it reached `retry_limit`.
-    pub fn on_timeout(
-        &mut self,
-        now: Instant,
-        rto: Duration,
-        max_backoff: u32,
-        retry_limit: u32,
-    ) -> TimeoutOutcome {
+    /// Handles the timer: if the oldest packet's timer expired, marks it due, counts the retry
+    /// and returns its sequence number. (Whether the peer is dead is decided by silence, not by
+    /// a retry count: see [`Liveness`](super::Liveness).)
+    pub fn on_timeout(&mut self, now: Instant, rto: Duration, max_backoff: u32) -> Option<u64> {
         match self.next_timeout(rto, max_backoff) {
             Some(t) if t <= now => {
-                let Some(mut entry) = self.packets.first_entry() else {
-                    return TimeoutOutcome::None;
-                };
+                let mut entry = self.packets.first_entry()?;
                 let seq = *entry.key();
-                let p = entry.get_mut();
-                if p.retries >= retry_limit {
-                    return TimeoutOutcome::Dead;
-                }
-                p.retries += 1;
+                entry.get_mut().retries += 1;
                 self.retries_counted = true;
                 self.due.insert(seq);
-                TimeoutOutcome::Retransmit(seq)
+                Some(seq)
             }
-            _ => TimeoutOutcome::None,
+            _ => None,
         }
     }
 
@@ -500,16 +478,16 @@ mod tests {
     }
 
     #[test]
-    fn timer_probes_oldest_with_backoff_until_dead() {
+    fn timer_probes_oldest_with_truncated_backoff() {
         let t0 = Instant::now();
         let mut q = queue(t0, 3);
         let rto = 10 * MS;
         assert_eq!(q.next_timeout(rto, 2), Some(t0 + rto));
-        assert_eq!(q.on_timeout(t0 + 9 * MS, rto, 2, 3), TimeoutOutcome::None);
+        assert_eq!(q.on_timeout(t0 + 9 * MS, rto, 2), None);
         let mut now = t0 + rto;
         let mut expected_gap = rto;
         for retry in 1..=3 {
-            assert_eq!(q.on_timeout(now, rto, 2, 3), TimeoutOutcome::Retransmit(1));
+            assert_eq!(q.on_timeout(now, rto, 2), Some(1));
             assert_eq!(q.next_timeout(rto, 2), None);
             assert_eq!(q.pop_due(now, |_| 0).map(|r| r.seq), Some(1));
             assert!(!q.has_due()); // only the oldest is probed
@@ -518,7 +496,11 @@ mod tests {
             assert_eq!(q.next_timeout(rto, 2), Some(now));
         }
         assert_eq!(expected_gap, 4 * rto);
-        assert_eq!(q.on_timeout(now, rto, 2, 3), TimeoutOutcome::Dead);
+        // Truncated: the fourth retry waits no longer than the third.
+        assert_eq!(q.on_timeout(now, rto, 2), Some(1));
+        assert_eq!(q.pop_due(now, |_| 0).map(|r| r.seq), Some(1));
+        now += expected_gap;
+        assert_eq!(q.next_timeout(rto, 2), Some(now));
         // An ACK (the peer is alive) resets the count.
         q.on_ack(&ack(0, &[]), now, Duration::MAX);
         assert_eq!(q.next_timeout(rto, 2), Some(now - 4 * rto + rto));

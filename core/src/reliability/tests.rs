@@ -638,19 +638,77 @@ fn silent_peer_is_declared_dead() {
     assert_eq!(link.poll_event(), None);
     assert!(link.is_dead());
     let s = link.stats();
-    assert_eq!(s.timeouts, u64::from(config.retry_limit));
-    // No other route to rebind to: only the timer's probes were sent again.
-    assert_eq!(s.retransmitted, u64::from(config.retry_limit));
+    assert!(s.timeouts > 0 && s.retransmitted == s.timeouts);
     assert_eq!(s.sent, 10);
     assert!(s.pings_sent > 0);
-    // RTO stays at the initial 10 ms (no sample); backoff doubles up to ×2^8, then stays.
-    let mut expected = Duration::ZERO;
-    for r in 0..=config.retry_limit {
-        expected += retransmit::backoff(config.initial_rto, r, config.max_backoff);
-    }
-    assert_eq!(sim.elapsed(), expected);
+    // Silence counts from the first send: dead exactly one peer timeout later.
+    assert_eq!(sim.elapsed(), config.peer_timeout);
     assert!(sim.links[0].poll_transmit(sim.now).is_none());
     assert_eq!(sim.links[0].poll_timeout(), None);
+}
+
+/// With keepalive, a peer that dies while the link is idle (nothing of ours in flight: think of
+/// a rank blocked in a receive) is declared dead one peer timeout after it was last heard.
+#[test]
+fn keepalive_finds_a_peer_that_died_while_the_link_was_idle() {
+    let config = LinkConfig::default().with_peer_timeout(Duration::from_secs(1));
+    let mut sim = Sim::new(71, config.clone(), Faults::default(), [3, 3]);
+    sim.run();
+    // Idle and both alive: keepalives flow both ways and nobody dies.
+    let t = sim.now + Duration::from_secs(10);
+    sim.run_until(t);
+    assert!(sim.events[0].is_empty() && sim.events[1].is_empty());
+    let pings = sim.links[0].stats().keepalives_sent;
+    // At most one per silent interval (both sides ping in lockstep here: they heard each other
+    // at the same simulated instants; each PING also shows the other side that this one lives).
+    assert!(
+        (25..=51).contains(&pings),
+        "{pings} keepalives in 10 s at 200 ms"
+    );
+    assert!(sim.links[1].stats().pongs_sent >= pings - 1);
+    // Endpoint 1 dies.
+    sim.alive[1] = false;
+    let died = sim.now;
+    let last_heard = died - Duration::from_millis(200); // at most one keepalive interval ago
+    while sim.events[0].is_empty() {
+        assert!(sim.step());
+    }
+    assert_eq!(sim.events[0], vec![LinkEvent::PeerDead { rank: 1 }]);
+    let noticed = sim.now - died;
+    assert!(
+        // (Its last packets were still on the wire when it died.)
+        noticed <= config.peer_timeout + MS && sim.now >= last_heard + config.peer_timeout,
+        "noticed {noticed:?} after the death"
+    );
+    assert!(sim.links[0].in_flight() == 0);
+}
+
+/// A peer that closed says BYE: it is no longer pinged and its silence is no failure.
+#[test]
+fn bye_ends_keepalive_without_a_failure() {
+    let config = LinkConfig::default().with_peer_timeout(Duration::from_secs(1));
+    let mut sim = Sim::new(72, config, Faults::default(), [5, 5]);
+    sim.run();
+    sim.links[1].close();
+    sim.drain();
+    sim.links[1].close(); // twice is once
+    let t = sim.now + Duration::from_millis(50);
+    sim.run_until(t);
+    assert_eq!(sim.links[0].stats().byes_received, 1);
+    assert!(sim.links[0].peer_closed());
+    sim.alive[1] = false;
+    let keepalives = sim.links[0].stats().keepalives_sent;
+    let t = sim.now + Duration::from_secs(30);
+    sim.run_until(t);
+    assert!(sim.events[0].is_empty(), "{:?}", sim.events[0]);
+    assert_eq!(sim.links[0].stats().keepalives_sent, keepalives);
+    assert_eq!(sim.links[0].poll_timeout(), None);
+    // Data sent to the closed peer is still awaited, and its silence then does count.
+    sim.links[0].send(sim.now, Bytes::from_static(b"late"));
+    while !sim.links[0].is_dead() {
+        assert!(sim.step());
+    }
+    assert_eq!(sim.events[0].last(), Some(&LinkEvent::PeerDead { rank: 1 }));
 }
 
 #[test]
@@ -1097,7 +1155,7 @@ fn all_routes_dead_means_peer_dead() {
     // Bounded effort: the timer's probes, plus one rebinding of the window.
     let s = sim.links[0].stats();
     assert!(
-        s.retransmitted <= u64::from(config.retry_limit) + u64::from(config.window) + 10,
+        s.retransmitted <= s.timeouts + u64::from(config.window) + 10,
         "{s:?}"
     );
     assert!(sim.links[0].poll_transmit(sim.now).is_none());

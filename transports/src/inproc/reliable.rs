@@ -36,7 +36,8 @@ pub fn reliable_world(n: usize, config: &Config) -> Result<Vec<Communicator>, Er
             let carrier = fabric
                 .carrier(rank)
                 .ok_or(Error::InvalidRank { rank, size: n })?;
-            let mut lc = LinkTransportConfig::new(rank as u32, size, job_key);
+            let mut lc = LinkTransportConfig::new(rank as u32, size, job_key)
+                .with_peer_timeout(config.peer_timeout);
             lc.reliability = config.reliability != Some(false);
             let transport: Arc<dyn Transport> = match &config.chaos {
                 Some(spec) => {

@@ -427,7 +427,8 @@ pub fn rank_transport(
     job_key: u64,
     config: &Config,
 ) -> Arc<dyn Transport> {
-    let mut lc = LinkTransportConfig::new(carrier.rank(), size, job_key);
+    let mut lc = LinkTransportConfig::new(carrier.rank(), size, job_key)
+        .with_peer_timeout(config.peer_timeout);
     lc.reliability = config.reliability_for(TransportKind::Udp);
     match &config.chaos {
         Some(spec) => Arc::new(LinkTransport::new(
