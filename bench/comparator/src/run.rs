@@ -35,7 +35,7 @@ pub enum Config {
     Shm,
     /// 4 ranks on the 2 cores.
     Oversubscribed,
-    /// rankweave over UDP against MPI over TCP.
+    /// rankweave over UDP (one process per rank, under `rwrun`) against MPI over TCP.
     Udp,
 }
 
@@ -107,13 +107,18 @@ fn command(plan: &Plan, imp: Impl, config: Config, bench: &str) -> Result<Comman
     let flags = osu_flags(plan, config, bench);
     let pinned = config == Config::Shm;
     let mut cmd = match imp {
+        Impl::Rankweave if config == Config::Udp => {
+            // One process per rank, as the MPIs run, over UDP with the reliability layer.
+            let mut c = Command::new(root.join("target/release/rwrun"));
+            c.args(["-n", &n, "--transport", "udp", "--no-tag-output", "--"])
+                .arg(root.join("target/release/rw-bench"))
+                .arg(bench);
+            c
+        }
         Impl::Rankweave => {
+            // In-process ranks until the shared-memory transport exists.
             let mut c = Command::new(root.join("target/release/rw-bench"));
             c.arg(bench).args(["--ranks", &n]);
-            if config == Config::Udp {
-                // In-process ranks, each with its own UDP sockets and the reliability layer.
-                c.env("RANKWEAVE_TRANSPORT", "udp");
-            }
             c
         }
         Impl::Mpich => {
