@@ -34,6 +34,7 @@ benches=(
     allreduce:osu_allreduce
     allgather:osu_allgather
     alltoall:osu_alltoall
+    startup:mpi_startup
 )
 
 compiler_for() {

@@ -8,6 +8,7 @@ mod osu;
 mod plot;
 mod report;
 mod run;
+mod startup;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -27,7 +28,11 @@ OPTIONS:
                        shm             2 ranks, one per core, shared memory (rankweave: in-process)
                        oversubscribed  4 ranks on the 2 cores
                        udp             rankweave over UDP (reliability on) vs MPI over TCP
-  --quick            smoke run: sizes 1..64, 10 iterations, 1 round
+  --startup          instead of the OSU benchmarks, the start-up benchmark: launch to exit of
+                     a job that joins, runs one barrier and finalizes, for --procs process
+                     counts (rwrun vs mpiexec.mpich vs mpirun.openmpi); writes startup.md/.csv
+  --procs LIST       process counts of --startup (default 2,8,32,64)
+  --quick            smoke run: sizes 1..64, 10 iterations, 1 round (--startup: 2 processes)
   --out DIR          where to write results.md, results.csv and plots (default bench/results/latest)
   --book             also write the book's performance chapter data (book/src/performance/)
   --root DIR         repository root (default: current directory)
@@ -36,7 +41,7 @@ OPTIONS:
 
 fn main() -> ExitCode {
     match parse(std::env::args().skip(1).collect()) {
-        Ok(Some(plan)) => match run::execute(&plan) {
+        Ok(Some(plan)) => match plan_execute(&plan) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("compare: {e}");
@@ -54,6 +59,13 @@ fn main() -> ExitCode {
     }
 }
 
+fn plan_execute(plan: &Plan) -> Result<(), String> {
+    match &plan.startup {
+        Some(procs) => startup::execute(plan, procs),
+        None => run::execute(plan),
+    }
+}
+
 fn parse(args: Vec<String>) -> Result<Option<Plan>, String> {
     let mut plan = Plan {
         rounds: 3,
@@ -64,7 +76,10 @@ fn parse(args: Vec<String>) -> Result<Option<Plan>, String> {
         book: false,
         root: PathBuf::from("."),
         impls: vec![Impl::Rankweave, Impl::Mpich, Impl::OpenMpi],
+        startup: None,
     };
+    let mut procs = startup::DEFAULT_PROCS.to_vec();
+    let mut startup_mode = false;
     let mut it = args.into_iter();
     while let Some(a) = it.next() {
         let mut value = || it.next().ok_or(format!("{a} needs a value"));
@@ -98,11 +113,25 @@ fn parse(args: Vec<String>) -> Result<Option<Plan>, String> {
                 plan.quick = true;
                 plan.rounds = 1;
             }
+            "--startup" => startup_mode = true,
+            "--procs" => {
+                procs = value()?
+                    .split(',')
+                    .map(|p| p.trim().parse().ok().filter(|&n: &usize| n > 0))
+                    .collect::<Option<_>>()
+                    .ok_or("--procs takes comma-separated positive numbers")?
+            }
             "--out" => plan.out = PathBuf::from(value()?),
             "--book" => plan.book = true,
             "--root" => plan.root = PathBuf::from(value()?),
             other => return Err(format!("unknown option {other:?}")),
         }
+    }
+    if startup_mode {
+        if plan.quick {
+            procs = vec![2];
+        }
+        plan.startup = Some(procs);
     }
     Ok(Some(plan))
 }

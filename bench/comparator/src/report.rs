@@ -136,6 +136,16 @@ fn csv(samples: &Samples) -> String {
     s
 }
 
+/// One line naming the commit, date and machine of a run.
+pub fn provenance() -> String {
+    let commit = shell("git", &["rev-parse", "--short", "HEAD"]);
+    format!(
+        "Commit `{commit}`, {}, {}.",
+        shell("date", &["-u", "+%Y-%m-%d %H:%M UTC"]),
+        machine()
+    )
+}
+
 fn markdown(
     plan: &Plan,
     samples: &Samples,

@@ -75,6 +75,8 @@ pub struct Plan {
     pub book: bool,
     pub root: PathBuf,
     pub impls: Vec<Impl>,
+    /// Run the start-up benchmark for these process counts instead of the OSU benchmarks.
+    pub startup: Option<Vec<usize>>,
 }
 
 /// One measurement's samples: (config, bench, impl) → size → figures of every round.
@@ -196,7 +198,7 @@ fn measure(plan: &Plan, imp: Impl, config: Config, bench: &str) -> Result<Vec<(u
     Ok(rows)
 }
 
-fn run_with_timeout(cmd: &mut Command, limit: Duration) -> Result<std::process::Output, String> {
+pub fn run_with_timeout(cmd: &mut Command, limit: Duration) -> Result<std::process::Output, String> {
     use std::process::Stdio;
     let mut child = cmd
         .stdout(Stdio::piped())
