@@ -460,6 +460,11 @@ impl ReliableLink {
     pub fn close(&mut self) {
         if !self.dead && !self.liveness.local_closed() {
             self.bye_due = true;
+            // A delayed ACK would never go out: the peer would retransmit to a closed rank
+            // until its own linger ran out.
+            if self.ack.pending > 0 || self.ack.window_update {
+                self.ack.immediate = true;
+            }
         }
         self.liveness.on_local_close();
     }

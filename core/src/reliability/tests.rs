@@ -683,6 +683,24 @@ fn keepalive_finds_a_peer_that_died_while_the_link_was_idle() {
     assert!(sim.links[0].in_flight() == 0);
 }
 
+/// Closing flushes a delayed ACK, so the peer is not left retransmitting to a closed rank.
+#[test]
+fn close_sends_the_pending_ack_at_once() {
+    let mut sim = Sim::new(73, LinkConfig::default(), Faults::default(), [1, 0]);
+    // Deliver the one DATA packet, but stop before the delayed ACK is due.
+    while sim.delivered[1] == 0 {
+        assert!(sim.step());
+    }
+    assert_eq!(sim.links[1].stats().acks_sent, 0);
+    sim.links[1].close();
+    sim.drain();
+    assert_eq!(sim.links[1].stats().acks_sent, 1);
+    let t = sim.now + 100 * US;
+    sim.run_until(t);
+    assert!(sim.links[0].is_idle(), "the ACK arrived");
+    assert_eq!(sim.links[0].stats().retransmitted, 0);
+}
+
 /// A peer that closed says BYE: it is no longer pinged and its silence is no failure.
 #[test]
 fn bye_ends_keepalive_without_a_failure() {
