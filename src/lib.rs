@@ -31,7 +31,7 @@ pub mod launch;
 
 pub use launch::{finalize, init, init_job, init_with, local, local_with};
 pub use rankweave_collectives as collectives;
-pub use rankweave_collectives::Collectives;
+pub use rankweave_collectives::{CollectiveOp, Collectives, Op, ReduceOp, Reducible, UserOp};
 pub use rankweave_core as core;
 pub use rankweave_core::{
     Communicator, Config, ConfigError, ContextId, Error, MAX_TAG, Message, Payload, ProbeOp,
@@ -42,5 +42,5 @@ pub use rankweave_transports as transports;
 /// `use rankweave::prelude::*;` brings the communicator, selectors and collective methods into
 /// scope.
 pub mod prelude {
-    pub use crate::{Collectives, Communicator, Error, Message, Source, Status, Tag};
+    pub use crate::{Collectives, Communicator, Error, Message, Op, Source, Status, Tag, UserOp};
 }

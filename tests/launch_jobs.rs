@@ -5,68 +5,15 @@
 //! The failure test runs this test binary itself as the job's processes: with
 //! `RW_TEST_CHILD` set, the `child` test below plays one rank instead of being a no-op.
 
-use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
+mod common;
+
+use std::process::{Command, Output};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-/// `target/<profile>/examples/<name>`, built by `cargo test` alongside this test.
-fn example(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary path");
-    let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
-    let path = dir.join("examples").join(name);
-    assert!(
-        path.exists(),
-        "{} not built (cargo test builds examples)",
-        path.display()
-    );
-    path
-}
-
-fn installed(program: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {program}")])
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
-/// Runs `cmd` with a deadline; kills it and fails the test if it overstays.
-fn run_with_deadline(mut cmd: Command, deadline: Duration) -> Output {
-    let child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    let pid = child.id();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
-    match rx.recv_timeout(deadline) {
-        Ok(out) => out.expect("wait"),
-        Err(_) => {
-            // SAFETY: kill(2) on a pid we spawned; at worst it no longer exists.
-            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-            panic!("{cmd:?} did not finish within {deadline:?}");
-        }
-    }
-}
+use common::{assert_every_rank_reported, example, installed, run_with_deadline};
 
 fn assert_ring_output(out: &Output, n: usize) {
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "status {:?}\nstdout:\n{stdout}\nstderr:\n{stderr}",
-        out.status
-    );
-    for r in 0..n {
-        let line = format!("rank {r} of {n}: 5 hops, payload checked at every hop");
-        assert!(
-            stdout.contains(&line),
-            "missing {line:?} in\n{stdout}\nstderr:\n{stderr}"
-        );
-    }
+    assert_every_rank_reported(out, n, "5 hops, payload checked at every hop");
 }
 
 #[test]

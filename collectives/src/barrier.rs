@@ -2,18 +2,20 @@
 //! 2^k ahead and waits for the one 2^k behind; after ⌈log₂ n⌉ rounds everyone has heard,
 //! directly or not, from everyone. Works for any n, no power of two needed.
 
-use rankweave_core::{Communicator, Error};
+use bytes::Bytes;
+use rankweave_core::Error;
 
-pub(crate) async fn dissemination(comm: Communicator, tag: u32) -> Result<(), Error> {
-    let n = comm.size();
-    let me = comm.rank();
+use crate::ctx::Ctx;
+
+pub(crate) async fn dissemination(cx: Ctx) -> Result<(), Error> {
+    let (n, me) = (cx.size, cx.rank);
     let mut step = 1;
     while step < n {
         // Each round hears from a different rank, so one tag serves every round.
         let from = (me + n - step) % n;
         let to = (me + step) % n;
-        let recv = comm.collective_recv(from, tag);
-        comm.collective_send(to, tag, bytes::Bytes::new()).await?;
+        let recv = cx.comm.collective_recv(from, cx.tag);
+        cx.send(to, Bytes::new()).await?;
         recv.await?;
         step *= 2;
     }

@@ -1,54 +1,324 @@
 //! rankweave's collective operations, as futures over the point-to-point layer.
 //!
-//! [`Collectives`] adds the collective operations to
-//! [`Communicator`]. Like point-to-point operations they start
-//! when called: the call takes the communicator's next collective sequence number (which tags
-//! every message of the operation on the communicator's collective context, where user
-//! receives never look), so several collectives can be in flight at once and still pair up
-//! across ranks. Every rank must start the same collectives in the same order, as in MPI.
+//! [`Collectives`] adds the collective operations to [`Communicator`]. Like point-to-point
+//! operations they start when called: the call takes the communicator's next collective
+//! sequence number (which tags every message of the operation on the communicator's collective
+//! context, where user receives never look) and starts the algorithm as a task of the runtime,
+//! so it progresses whether or not the returned [`CollectiveOp`] is polled, several collectives
+//! can be in flight at once, also on different communicators, and they still pair up across
+//! ranks. Every rank must start the same collectives in the same order, as in MPI.
 //!
-//! This crate starts small (barrier and broadcast); the tuned algorithm families follow.
+//! # Arguments and results
+//!
+//! Data is typed: slices of any [`bytemuck::Pod`] element type (raw bytes are `u8`).
+//! Reductions take an [`Op`] or a [`UserOp`] over a [`Reducible`] type (built-in operations) or
+//! any `Pod` type (user operations); non-commutative operations are combined in rank order, as
+//! MPI promises. Where MPI has "v" variants with per-rank counts, so does this crate
+//! (`gatherv`, `scatterv`, `all_gatherv`, `all_to_allv`): their blocks may differ in length
+//! from rank to rank, and each rank learns the lengths from the messages. The plain variants
+//! expect every rank to pass the same count; a rank that sees a count differ reports
+//! [`Error::InvalidArgument`].
+//!
+//! # Algorithms
+//!
+//! Chosen by message and communicator size, with overrides in
+//! [`CollectiveTuning`](rankweave_core::CollectiveTuning) (`RANKWEAVE_BCAST`, ...):
+//!
+//! | collective | algorithms |
+//! |---|---|
+//! | barrier | dissemination |
+//! | broadcast | binomial tree (small), scatter + ring allgather (large), pipelined chain (very large) |
+//! | reduce | binomial tree (order-preserving for non-commutative operations) |
+//! | all_reduce | recursive doubling (small), Rabenseifner (large), ring |
+//! | gather(v), scatter(v) | binomial tree |
+//! | all_gather(v) | recursive doubling or Bruck (small), ring (large) |
+//! | all_to_all(v) | Bruck (small), pairwise exchange (large) |
+//! | reduce_scatter | recursive halving (commutative), reduce + scatter (otherwise) |
+//! | scan, exscan | recursive doubling (order-preserving) |
 
 #![warn(missing_docs)]
 
+mod allgather;
+mod allreduce;
+mod alltoall;
 mod barrier;
 mod broadcast;
+mod ctx;
+mod gather;
+pub mod op;
+mod reduce;
+mod reduce_scatter;
+mod scan;
+mod scatter;
+mod started;
 
-use std::future::Future;
-
+use bytemuck::Pod;
 use bytes::Bytes;
 use rankweave_core::{Communicator, Error, Payload};
 
-/// Collective operations on a communicator.
-pub trait Collectives {
-    /// Waits until every rank of the communicator has entered the barrier (dissemination
-    /// algorithm: ⌈log₂ n⌉ rounds of one send and one receive).
-    fn barrier(&self) -> impl Future<Output = Result<(), Error>> + Send + 'static;
+pub use op::{Op, ReduceOp, Reducible, UserOp};
+pub use started::CollectiveOp;
 
-    /// Sends `data` from `root` to every rank (binomial tree); every rank gets the root's bytes.
-    /// Ranks other than `root` may pass anything (an empty `Vec`, say): it is ignored.
-    fn broadcast(
+use ctx::Ctx;
+
+/// Element types of the data collectives move.
+pub trait Element: Pod + Send + Sync + 'static {}
+impl<T: Pod + Send + Sync + 'static> Element for T {}
+
+/// Starts `run` on the next collective of `comm`, after `check` accepted the arguments (a
+/// rejected call sends nothing, but still takes its sequence number: every rank must make the
+/// same calls, and a call that fails everywhere keeps them in step).
+fn start<T: Send + 'static, F>(
+    comm: &Communicator,
+    check: Result<(), Error>,
+    run: impl FnOnce(Ctx) -> F,
+) -> CollectiveOp<T>
+where
+    F: Future<Output = Result<T, Error>> + Send + 'static,
+{
+    let cx = Ctx::next(comm);
+    let rank = cx.rank;
+    match check {
+        Ok(()) => CollectiveOp::start(rank, run(cx)),
+        Err(e) => CollectiveOp::failed(rank, e),
+    }
+}
+
+/// Collective operations on a communicator (see the [crate docs](crate)).
+pub trait Collectives {
+    /// Waits until every rank of the communicator has entered the barrier (dissemination:
+    /// ⌈log₂ n⌉ rounds of one send and one receive).
+    fn barrier(&self) -> CollectiveOp<()>;
+
+    /// Sends `data` from `root` to every rank; every rank gets the root's bytes. Ranks other
+    /// than `root` may pass anything (an empty `Vec`, say): it is ignored, and they learn the
+    /// length from the root.
+    fn broadcast(&self, root: usize, data: impl Payload) -> CollectiveOp<Bytes>;
+
+    /// Combines every rank's `data` with `op`; `root` gets `Some(result)`, the others `None`.
+    fn reduce<T: Element>(
         &self,
         root: usize,
-        data: impl Payload,
-    ) -> impl Future<Output = Result<Bytes, Error>> + Send + 'static;
+        data: &[T],
+        op: impl Into<ReduceOp<T>>,
+    ) -> CollectiveOp<Option<Vec<T>>>;
+
+    /// Combines every rank's `data` with `op`; every rank gets the result.
+    fn all_reduce<T: Element>(
+        &self,
+        data: &[T],
+        op: impl Into<ReduceOp<T>>,
+    ) -> CollectiveOp<Vec<T>>;
+
+    /// Collects every rank's `data` (the same count everywhere) at `root`, in rank order:
+    /// `root` gets `Some(concatenation)`, the others `None`.
+    fn gather<T: Element>(&self, root: usize, data: &[T]) -> CollectiveOp<Option<Vec<T>>>;
+
+    /// Collects every rank's `data` (counts may differ) at `root`: `root` gets one vector per
+    /// rank.
+    fn gatherv<T: Element>(&self, root: usize, data: &[T]) -> CollectiveOp<Option<Vec<Vec<T>>>>;
+
+    /// Splits `root`'s `data` into `size` equal blocks and gives block `r` to rank `r`. The
+    /// others' `data` is ignored. A length that does not divide evenly is an error at the root.
+    fn scatter<T: Element>(&self, root: usize, data: &[T]) -> CollectiveOp<Vec<T>>;
+
+    /// Gives `root`'s `blocks[r]` to rank `r` (lengths may differ); the others pass an empty
+    /// `Vec`. The root must pass exactly `size` blocks.
+    fn scatterv<T: Element>(&self, root: usize, blocks: Vec<Vec<T>>) -> CollectiveOp<Vec<T>>;
+
+    /// Collects every rank's `data` (the same count everywhere) at every rank, in rank order.
+    fn all_gather<T: Element>(&self, data: &[T]) -> CollectiveOp<Vec<T>>;
+
+    /// Collects every rank's `data` (counts may differ) at every rank: one vector per rank.
+    fn all_gatherv<T: Element>(&self, data: &[T]) -> CollectiveOp<Vec<Vec<T>>>;
+
+    /// Splits `data` into `size` equal blocks, sends block `r` to rank `r`, and returns the
+    /// blocks received, concatenated in rank order.
+    fn all_to_all<T: Element>(&self, data: &[T]) -> CollectiveOp<Vec<T>>;
+
+    /// Sends `blocks[r]` to rank `r` (lengths may differ) and returns the block from each rank.
+    /// `blocks` must hold exactly `size` blocks.
+    fn all_to_allv<T: Element>(&self, blocks: Vec<Vec<T>>) -> CollectiveOp<Vec<Vec<T>>>;
+
+    /// Combines every rank's `data` (a length divisible by `size`, the same everywhere) with `op`
+    /// and gives block `r` of the result to rank `r` (`MPI_Reduce_scatter_block`).
+    fn reduce_scatter<T: Element>(
+        &self,
+        data: &[T],
+        op: impl Into<ReduceOp<T>>,
+    ) -> CollectiveOp<Vec<T>>;
+
+    /// Inclusive prefix reduction: rank `r` gets `data₀ ∘ … ∘ dataᵣ`.
+    fn scan<T: Element>(&self, data: &[T], op: impl Into<ReduceOp<T>>) -> CollectiveOp<Vec<T>>;
+
+    /// Exclusive prefix reduction: rank `r > 0` gets `Some(data₀ ∘ … ∘ dataᵣ₋₁)`, rank 0 `None`.
+    fn exscan<T: Element>(
+        &self,
+        data: &[T],
+        op: impl Into<ReduceOp<T>>,
+    ) -> CollectiveOp<Option<Vec<T>>>;
 }
 
 impl Collectives for Communicator {
-    fn barrier(&self) -> impl Future<Output = Result<(), Error>> + Send + 'static {
-        barrier::dissemination(self.clone(), self.next_collective())
+    fn barrier(&self) -> CollectiveOp<()> {
+        start(self, Ok(()), barrier::dissemination)
     }
 
-    fn broadcast(
+    fn broadcast(&self, root: usize, data: impl Payload) -> CollectiveOp<Bytes> {
+        let data = data.into_bytes();
+        start(self, ctx::check_root(root, self.size()), move |cx| {
+            broadcast::run(cx, root, data)
+        })
+    }
+
+    fn reduce<T: Element>(
         &self,
         root: usize,
-        data: impl Payload,
-    ) -> impl Future<Output = Result<Bytes, Error>> + Send + 'static {
-        broadcast::binomial(
-            self.clone(),
-            self.next_collective(),
-            root,
-            data.into_bytes(),
-        )
+        data: &[T],
+        op: impl Into<ReduceOp<T>>,
+    ) -> CollectiveOp<Option<Vec<T>>> {
+        let op = op.into();
+        let check = ctx::check_root(root, self.size()).and_then(|()| op.check());
+        let data = data.to_vec();
+        start(self, check, move |cx| reduce::binomial(cx, root, data, op))
+    }
+
+    fn all_reduce<T: Element>(
+        &self,
+        data: &[T],
+        op: impl Into<ReduceOp<T>>,
+    ) -> CollectiveOp<Vec<T>> {
+        let op = op.into();
+        let check = op.check();
+        let data = data.to_vec();
+        start(self, check, move |cx| allreduce::run(cx, data, op))
+    }
+
+    fn gather<T: Element>(&self, root: usize, data: &[T]) -> CollectiveOp<Option<Vec<T>>> {
+        let data = data.to_vec();
+        start(self, ctx::check_root(root, self.size()), move |cx| {
+            gather::gather(cx, root, data)
+        })
+    }
+
+    fn gatherv<T: Element>(&self, root: usize, data: &[T]) -> CollectiveOp<Option<Vec<Vec<T>>>> {
+        let data = data.to_vec();
+        start(self, ctx::check_root(root, self.size()), move |cx| {
+            gather::gatherv(cx, root, data)
+        })
+    }
+
+    fn scatter<T: Element>(&self, root: usize, data: &[T]) -> CollectiveOp<Vec<T>> {
+        let n = self.size();
+        let check = ctx::check_root(root, n).and_then(|()| {
+            if self.rank() == root && data.len() % n != 0 {
+                Err(Error::InvalidArgument(format!(
+                    "scatter: {} elements do not split into {n} equal blocks",
+                    data.len()
+                )))
+            } else {
+                Ok(())
+            }
+        });
+        let blocks: Vec<Vec<T>> = if self.rank() == root && check.is_ok() {
+            let per = data.len() / n;
+            (0..n)
+                .map(|r| data[r * per..(r + 1) * per].to_vec())
+                .collect()
+        } else {
+            Vec::new()
+        };
+        start(self, check, move |cx| scatter::scatterv(cx, root, blocks))
+    }
+
+    fn scatterv<T: Element>(&self, root: usize, blocks: Vec<Vec<T>>) -> CollectiveOp<Vec<T>> {
+        let n = self.size();
+        let check = ctx::check_root(root, n).and_then(|()| {
+            if self.rank() == root && blocks.len() != n {
+                Err(Error::InvalidArgument(format!(
+                    "scatterv: the root passed {} blocks for {n} ranks",
+                    blocks.len()
+                )))
+            } else {
+                Ok(())
+            }
+        });
+        start(self, check, move |cx| scatter::scatterv(cx, root, blocks))
+    }
+
+    fn all_gather<T: Element>(&self, data: &[T]) -> CollectiveOp<Vec<T>> {
+        let data = data.to_vec();
+        start(self, Ok(()), move |cx| allgather::all_gather(cx, data))
+    }
+
+    fn all_gatherv<T: Element>(&self, data: &[T]) -> CollectiveOp<Vec<Vec<T>>> {
+        let data = data.to_vec();
+        start(self, Ok(()), move |cx| allgather::all_gatherv(cx, data))
+    }
+
+    fn all_to_all<T: Element>(&self, data: &[T]) -> CollectiveOp<Vec<T>> {
+        let n = self.size();
+        let check = if data.len() % n == 0 {
+            Ok(())
+        } else {
+            Err(Error::InvalidArgument(format!(
+                "all_to_all: {} elements do not split into {n} equal blocks",
+                data.len()
+            )))
+        };
+        let data = data.to_vec();
+        start(self, check, move |cx| alltoall::all_to_all(cx, data))
+    }
+
+    fn all_to_allv<T: Element>(&self, blocks: Vec<Vec<T>>) -> CollectiveOp<Vec<Vec<T>>> {
+        let n = self.size();
+        let check = if blocks.len() == n {
+            Ok(())
+        } else {
+            Err(Error::InvalidArgument(format!(
+                "all_to_allv: {} blocks for {n} ranks",
+                blocks.len()
+            )))
+        };
+        start(self, check, move |cx| alltoall::all_to_allv(cx, blocks))
+    }
+
+    fn reduce_scatter<T: Element>(
+        &self,
+        data: &[T],
+        op: impl Into<ReduceOp<T>>,
+    ) -> CollectiveOp<Vec<T>> {
+        let n = self.size();
+        let op = op.into();
+        let check = op.check().and_then(|()| {
+            if data.len() % n == 0 {
+                Ok(())
+            } else {
+                Err(Error::InvalidArgument(format!(
+                    "reduce_scatter: {} elements do not split into {n} equal blocks",
+                    data.len()
+                )))
+            }
+        });
+        let data = data.to_vec();
+        start(self, check, move |cx| reduce_scatter::run(cx, data, op))
+    }
+
+    fn scan<T: Element>(&self, data: &[T], op: impl Into<ReduceOp<T>>) -> CollectiveOp<Vec<T>> {
+        let op = op.into();
+        let check = op.check();
+        let data = data.to_vec();
+        start(self, check, move |cx| scan::inclusive(cx, data, op))
+    }
+
+    fn exscan<T: Element>(
+        &self,
+        data: &[T],
+        op: impl Into<ReduceOp<T>>,
+    ) -> CollectiveOp<Option<Vec<T>>> {
+        let op = op.into();
+        let check = op.check();
+        let data = data.to_vec();
+        start(self, check, move |cx| scan::exclusive(cx, data, op))
     }
 }

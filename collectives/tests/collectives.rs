@@ -1,35 +1,15 @@
 //! Barrier and broadcast over in-process ranks, checked against what they must do.
 
-use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
 use rankweave_collectives::Collectives;
-use rankweave_core::{Communicator, Config, Error};
-use rankweave_transports::inproc;
+use rankweave_core::Error;
 
-/// Runs `f` on every rank of an `n`-rank in-process job and returns the results in rank order.
-async fn job<T, F, Fut>(n: usize, f: F) -> Vec<T>
-where
-    F: Fn(Communicator) -> Fut,
-    Fut: Future<Output = T> + Send + 'static,
-    T: Send + 'static,
-{
-    let comms = inproc::world(n, &Config::default()).expect("world");
-    let tasks: Vec<_> = comms.into_iter().map(|c| tokio::spawn(f(c))).collect();
-    let mut out = Vec::new();
-    for t in tasks {
-        out.push(
-            tokio::time::timeout(Duration::from_secs(60), t)
-                .await
-                .expect("rank timed out")
-                .expect("rank panicked"),
-        );
-    }
-    out
-}
+mod common;
+use common::job;
 
 fn pattern(len: usize, seed: u8) -> Bytes {
     (0..len)

@@ -126,6 +126,9 @@ pub struct Config {
     /// service is (set by `rwrun`; for Open MPI, Slurm or torchrun-style launches, rank 0
     /// serves it there when no one else does). `None`: derived from the launcher's environment.
     pub rendezvous: Option<String>,
+    /// Algorithm choices and thresholds of the collectives (`RANKWEAVE_BCAST`,
+    /// `RANKWEAVE_ALLREDUCE`, ...; see [`crate::tuning`]).
+    pub collectives: crate::tuning::CollectiveTuning,
 }
 
 impl Default for Config {
@@ -142,6 +145,7 @@ impl Default for Config {
             routes: Vec::new(),
             peer_timeout: Duration::from_secs(5),
             rendezvous: None,
+            collectives: crate::tuning::CollectiveTuning::default(),
         }
     }
 }
@@ -238,6 +242,7 @@ impl Config {
                 }
             }
         }
+        self.collectives.apply_env(&get)?;
         Ok(self)
     }
 

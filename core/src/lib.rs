@@ -24,6 +24,7 @@ pub(crate) mod runtime;
 pub mod stats;
 mod sync;
 pub mod transport;
+pub mod tuning;
 pub mod types;
 pub mod wire;
 
@@ -34,4 +35,5 @@ pub use config::{Config, ProgressPolicy, RouteSpec, TransportKind};
 pub use error::{ConfigError, Error, Result, TransportError};
 pub use stats::{RouteCounters, Stats, TransportStats};
 pub use transport::{Arrival, Capabilities, Transport};
+pub use tuning::CollectiveTuning;
 pub use types::{ContextId, MAX_TAG, Message, Payload, Source, Status, Tag};

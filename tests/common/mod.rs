@@ -2,6 +2,8 @@
 #![allow(dead_code)]
 
 use std::future::Future;
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 /// How long any one test may run before it counts as hung.
@@ -55,5 +57,69 @@ impl Lcg {
 
     pub fn below(&mut self, n: u64) -> u64 {
         self.next() % n
+    }
+}
+
+/// `target/<profile>/examples/<name>`, built by `cargo test` alongside this test.
+pub fn example(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
+    let path = dir.join("examples").join(name);
+    assert!(
+        path.exists(),
+        "{} not built (cargo test builds examples)",
+        path.display()
+    );
+    path
+}
+
+pub fn installed(program: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {program}")])
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Runs `cmd` with a deadline; kills it and fails the test if it overstays.
+pub fn run_with_deadline(mut cmd: Command, deadline: Duration) -> Output {
+    let child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(deadline) {
+        Ok(out) => out.expect("wait"),
+        Err(_) => {
+            // SAFETY: kill(2) on a pid we spawned; at worst it no longer exists.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            panic!("{cmd:?} did not finish within {deadline:?}");
+        }
+    }
+}
+
+/// Asserts that a job succeeded and that each of its `n` ranks printed a line starting with
+/// `rank R of N: ` and containing `needle`.
+pub fn assert_every_rank_reported(out: &Output, n: usize, needle: &str) {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "status {:?}\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        out.status
+    );
+    for r in 0..n {
+        let prefix = format!("rank {r} of {n}: ");
+        assert!(
+            stdout
+                .lines()
+                .any(|l| l.starts_with(&prefix) && l.contains(needle)),
+            "rank {r} did not report {needle:?} in\n{stdout}\nstderr:\n{stderr}"
+        );
     }
 }

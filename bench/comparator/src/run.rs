@@ -198,7 +198,10 @@ fn measure(plan: &Plan, imp: Impl, config: Config, bench: &str) -> Result<Vec<(u
     Ok(rows)
 }
 
-pub fn run_with_timeout(cmd: &mut Command, limit: Duration) -> Result<std::process::Output, String> {
+pub fn run_with_timeout(
+    cmd: &mut Command,
+    limit: Duration,
+) -> Result<std::process::Output, String> {
     use std::process::Stdio;
     let mut child = cmd
         .stdout(Stdio::piped())

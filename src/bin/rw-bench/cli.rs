@@ -132,17 +132,6 @@ impl Bench {
         self != Bench::Barrier
     }
 
-    /// The rankweave operation this benchmark needs that is not built yet, if any.
-    pub fn missing(self) -> Option<&'static str> {
-        match self {
-            Bench::Reduce => Some("reduce"),
-            Bench::Allreduce => Some("allreduce"),
-            Bench::Allgather => Some("allgather"),
-            Bench::Alltoall => Some("alltoall"),
-            _ => None,
-        }
-    }
-
     /// OSU 7.x defaults: `LAT_*` for osu_latency, `BW_*` for osu_bw / osu_bibw / osu_mbw_mr
     /// (osu_mbw_mr has no large-message switch), `COLL_*` for the collectives;
     /// `MAX_MESSAGE_SIZE` (4 MiB) for point-to-point, `MAX_MSG_SIZE_COLL` (1 MiB) for
@@ -558,9 +547,10 @@ BENCHMARKS (each follows the OSU 7.x program in brackets):
                ranks N/2..N-1 (one pair with 2 ranks)                             [osu_mbw_mr]
     barrier    barrier latency                                                    [osu_barrier]
     bcast      broadcast latency from rank 0                                      [osu_bcast]
-    reduce, allreduce, allgather, alltoall
-               exist as subcommands but need collectives rankweave has not built
-               yet: they exit with an error (status 1) and print no numbers
+    reduce     reduce (sum of one-byte elements) to rank 0                        [osu_reduce]
+    allreduce  allreduce (sum of one-byte elements)                               [osu_allreduce]
+    allgather  every rank contributes SIZE bytes and gets SIZE from each          [osu_allgather]
+    alltoall   every rank sends SIZE bytes to each rank                           [osu_alltoall]
 
 OPTIONS (OSU's, where they apply):
     -m, --message-size SIZES   MAX, MIN:MAX, MIN: or :MAX in bytes (k, m, g suffixes
@@ -606,6 +596,5 @@ ENVIRONMENT:
     RANKWEAVE_TRANSPORT are read as by any rankweave program (Config::from_env).
 
 EXIT STATUS:
-    0 success; 1 a run-time failure or a benchmark whose collective is not built
-    yet; 2 a bad command line or a bad RANKWEAVE_* value.
+    0 success; 1 a run-time failure; 2 a bad command line or a bad RANKWEAVE_* value.
 ";

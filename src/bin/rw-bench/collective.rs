@@ -2,10 +2,11 @@
 //! operation on its own, the per-rank averages go to rank 0, which prints their mean (and with
 //! `-f` their minimum and maximum).
 
+use std::future::Future;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use rankweave::{Collectives, Communicator};
+use rankweave::{Collectives, Communicator, Op};
 
 use crate::cli::Options;
 use crate::error::{BenchError, Result};
@@ -16,7 +17,8 @@ use crate::report::{Reporter, Row};
 const TAG_STATS: u32 = 0x7277_0001;
 
 /// Average, minimum and maximum over the ranks of one latency (µs), on rank 0; `None`
-/// elsewhere. Stands in for OSU's three `MPI_Reduce`s until rankweave has reduce.
+/// elsewhere (OSU's three `MPI_Reduce`s, as plain messages so that the statistics never
+/// depend on the collectives being measured).
 async fn gather_stats(comm: &Communicator, latency_us: f64) -> Result<Option<(f64, f64, f64)>> {
     if comm.rank() != 0 {
         comm.send(0, TAG_STATS, latency_us.to_le_bytes().to_vec())
@@ -78,40 +80,113 @@ pub async fn barrier(comm: &Communicator, opts: &Options, out: &mut Reporter) ->
     Ok(())
 }
 
-/// osu_bcast: the time of one broadcast from rank 0 (each followed by an untimed barrier),
-/// averaged over the iterations and the ranks.
-pub async fn bcast(comm: &Communicator, opts: &Options, out: &mut Reporter) -> Result<()> {
-    let root = 0;
+/// The OSU loop shared by the sized collectives: per size a barrier, then each iteration
+/// times only the operation on every rank and is followed by an untimed barrier; warm-up
+/// iterations are not timed. `op(size)` runs the operation once and checks what it returned.
+async fn timed_sizes<F, Fut>(
+    comm: &Communicator,
+    opts: &Options,
+    out: &mut Reporter,
+    mut op: F,
+) -> Result<()>
+where
+    F: FnMut(usize) -> Fut,
+    Fut: Future<Output = Result<()>>,
+{
     for size in opts.sizes() {
         let (iters, skip) = opts.loops(size);
-        // One buffer per size, reused; other ranks' contribution is ignored.
-        let buf = if comm.rank() == root {
-            Bytes::from(vec![1u8; size])
-        } else {
-            Bytes::new()
-        };
+        comm.barrier().await?;
         let mut timer = Duration::ZERO;
         for i in 0..iters + skip {
             let t = Instant::now();
-            let got = comm.broadcast(root, buf.clone()).await?;
+            op(size).await?;
             let dt = t.elapsed();
             comm.barrier().await?;
-            if got.len() != size {
-                return Err(BenchError::Verify(format!(
-                    "bcast: rank {} received {} bytes, expected {size}",
-                    comm.rank(),
-                    got.len()
-                )));
-            }
             if i >= skip {
                 timer += dt;
             }
         }
-        comm.barrier().await?;
         let latency = timer.as_secs_f64() * 1e6 / iters as f64;
         if let Some(stats) = gather_stats(comm, latency).await? {
             out.row(row(opts, Some(size), iters, stats));
         }
     }
     Ok(())
+}
+
+fn check_len(bench: &str, comm: &Communicator, got: usize, expected: usize) -> Result<()> {
+    if got == expected {
+        return Ok(());
+    }
+    Err(BenchError::Verify(format!(
+        "{bench}: rank {} received {got} bytes, expected {expected}",
+        comm.rank()
+    )))
+}
+
+/// osu_bcast: one broadcast of `size` bytes from rank 0.
+pub async fn bcast(comm: &Communicator, opts: &Options, out: &mut Reporter) -> Result<()> {
+    let root = 0;
+    timed_sizes(comm, opts, out, |size| {
+        // Other ranks' contribution is ignored.
+        let buf = if comm.rank() == root {
+            Bytes::from(vec![1u8; size])
+        } else {
+            Bytes::new()
+        };
+        async move {
+            let got = comm.broadcast(root, buf).await?;
+            check_len("bcast", comm, got.len(), size)
+        }
+    })
+    .await
+}
+
+/// osu_reduce: `MPI_Reduce` (sum) of `size` one-byte elements to rank 0.
+pub async fn reduce(comm: &Communicator, opts: &Options, out: &mut Reporter) -> Result<()> {
+    timed_sizes(comm, opts, out, |size| {
+        let data = vec![1i8; size];
+        async move {
+            let got = comm.reduce(0, &data, Op::Sum).await?;
+            let len = got.map_or(size, |v| v.len());
+            check_len("reduce", comm, len, size)
+        }
+    })
+    .await
+}
+
+/// osu_allreduce: `MPI_Allreduce` (sum) of `size` one-byte elements.
+pub async fn allreduce(comm: &Communicator, opts: &Options, out: &mut Reporter) -> Result<()> {
+    timed_sizes(comm, opts, out, |size| {
+        let data = vec![1i8; size];
+        async move {
+            let got = comm.all_reduce(&data, Op::Sum).await?;
+            check_len("allreduce", comm, got.len(), size)
+        }
+    })
+    .await
+}
+
+/// osu_allgather: every rank contributes `size` bytes and receives `size` from each rank.
+pub async fn allgather(comm: &Communicator, opts: &Options, out: &mut Reporter) -> Result<()> {
+    timed_sizes(comm, opts, out, |size| {
+        let data = vec![1u8; size];
+        async move {
+            let got = comm.all_gather(&data).await?;
+            check_len("allgather", comm, got.len(), size * comm.size())
+        }
+    })
+    .await
+}
+
+/// osu_alltoall: every rank sends `size` bytes to each rank and receives `size` from each.
+pub async fn alltoall(comm: &Communicator, opts: &Options, out: &mut Reporter) -> Result<()> {
+    timed_sizes(comm, opts, out, |size| {
+        let data = vec![1u8; size * comm.size()];
+        async move {
+            let got = comm.all_to_all(&data).await?;
+            check_len("alltoall", comm, got.len(), size * comm.size())
+        }
+    })
+    .await
 }

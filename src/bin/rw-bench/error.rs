@@ -9,11 +9,6 @@ pub enum BenchError {
     Usage(String),
     /// A bad `RANKWEAVE_*` setting (exit status 2).
     Config(rankweave::ConfigError),
-    /// The benchmark needs a collective rankweave has not built yet (exit status 1).
-    Unavailable {
-        bench: &'static str,
-        needs: &'static str,
-    },
     /// A communication failure (exit status 1).
     Comm(rankweave::Error),
     /// A message of the wrong length arrived (exit status 1).
@@ -42,10 +37,6 @@ impl fmt::Display for BenchError {
         match self {
             BenchError::Usage(m) => f.write_str(m),
             BenchError::Config(e) => write!(f, "configuration error: {e}"),
-            BenchError::Unavailable { bench, needs } => write!(
-                f,
-                "`{bench}` needs rankweave's {needs}, which is not built yet"
-            ),
             BenchError::Comm(e) => write!(f, "{e}"),
             BenchError::Verify(m) => f.write_str(m),
             BenchError::Other(m) => f.write_str(m),

@@ -168,30 +168,19 @@ async fn bcast_reports_every_size() {
     }
 }
 
+/// The sized collectives run at small sizes and print one row per size.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn unavailable_collectives_fail_without_numbers() {
-    for (name, needs) in [
-        ("reduce", "reduce"),
-        ("allreduce", "allreduce"),
-        ("allgather", "allgather"),
-        ("alltoall", "alltoall"),
-    ] {
-        let opts = options(&[name]);
-        let results =
-            rankweave::local_with(Config::default(), 2, move |comm| run(comm, opts.clone()))
-                .await
-                .expect("the job runs");
-        for r in results {
-            match r {
-                Err(e @ BenchError::Unavailable { .. }) => {
-                    assert_eq!(
-                        e.to_string(),
-                        format!("`{name}` needs rankweave's {needs}, which is not built yet")
-                    );
-                    assert_ne!(e.exit_code(), 0);
-                }
-                other => panic!("{name}: expected the unavailable error, got {other:?}"),
-            }
+async fn sized_collectives_print_a_row_per_size() {
+    for name in ["bcast", "reduce", "allreduce", "allgather", "alltoall"] {
+        for n in [2, 3] {
+            let report = bench(n, &[name, "-m", "1:16", "-i", "3", "-x", "1"]).await;
+            let sizes: Vec<_> = report.rows.iter().map(|r| r.size).collect();
+            assert_eq!(
+                sizes,
+                [1, 2, 4, 8, 16].map(Some),
+                "{name} on {n} ranks: {report:?}"
+            );
+            assert!(report.rows.iter().all(|r| r.values[0] > 0.0));
         }
     }
 }
@@ -246,7 +235,6 @@ fn flags_parse_like_osu() {
     assert_eq!(parse(&["--help"]).unwrap(), Command::Help);
     assert_eq!(parse(&["bw", "-h"]).unwrap(), Command::Help);
     assert_eq!(parse(&["help"]).unwrap(), Command::Help);
-    // Unavailable collectives are valid subcommands; they fail when run.
     assert_eq!(options(&["allreduce"]).bench, Bench::Allreduce);
 }
 
@@ -309,13 +297,6 @@ fn rows_use_osu_column_widths() {
 #[test]
 fn exit_codes() {
     assert_eq!(BenchError::Usage("x".into()).exit_code(), 2);
-    assert_eq!(
-        BenchError::Unavailable {
-            bench: "reduce",
-            needs: "reduce"
-        }
-        .exit_code(),
-        1
-    );
+    assert_eq!(BenchError::Verify("x".into()).exit_code(), 1);
     assert_eq!(BenchError::Comm(rankweave::Error::Shutdown).exit_code(), 1);
 }

@@ -1,0 +1,354 @@
+//! Allreduce: every rank gets `x₀ ∘ x₁ ∘ … ∘ xₙ₋₁`.
+//!
+//! # Choice
+//!
+//! The `allreduce` override of [`CollectiveTuning`](rankweave_core::CollectiveTuning) if set;
+//! otherwise recursive doubling below `allreduce_large` bytes and Rabenseifner from there.
+//! Recursive doubling and Rabenseifner keep rank order, so they serve every operation. The ring
+//! does not (a block's partial result travels around the ring, wrapping from rank n − 1 to 0), so
+//! a forced ring with a non-commutative operation falls back to the automatic choice.
+//!
+//! # Algorithms
+//!
+//! - **Recursive doubling**: in round k, virtual ranks `v` and `v ^ 2ᵏ` exchange their whole
+//!   partial results and combine them: log₂ p rounds of the whole vector. Best when latency
+//!   dominates.
+//! - **Rabenseifner**: a reduce-scatter by recursive halving (partners `v ^ 1`, `v ^ 2`, …, each
+//!   round exchanging half of the blocks still held, so every rank ends with one of p nearly equal
+//!   blocks fully reduced), then an allgather by recursive doubling that retraces those rounds in
+//!   reverse: about 2× the vector per rank whatever n. Best for large vectors. Any length works:
+//!   blocks differ by at most one element, and may be empty.
+//! - **Ring**: n − 1 steps of reduce-scatter around the ring (each rank passes one block, of n, to
+//!   its right neighbour and combines the one from its left), then n − 1 steps of allgather the
+//!   same way. Any n, no folding; bandwidth-optimal, but 2(n − 1) steps of latency.
+//!
+//! # Non-power-of-two sizes and order
+//!
+//! Recursive doubling and Rabenseifner run on p ranks, p the largest power of two ≤ n (MPICH's
+//! scheme, [`Fold`]): of the first 2·(n − p) ranks, each even rank hands its vector to the odd
+//! rank above, which combines `lower ∘ higher` and stands for both; the p remaining ranks get
+//! virtual ranks `0..p` in rank order, so each stands for a contiguous range of ranks. In round k a
+//! virtual rank's partial covers the aligned group of 2ᵏ virtual ranks around it and its partner's
+//! the adjacent group, so combining the lower group's partial on the left keeps rank order. At the
+//! end the odd ranks send the result to their even partners.
+
+use rankweave_core::Error;
+use rankweave_core::tuning::AllreduceAlgorithm;
+
+use crate::ctx::Ctx;
+use crate::reduce::{Reduction, Side, block, even_bounds};
+use crate::{Element, ReduceOp};
+
+pub(crate) async fn run<T: Element>(
+    cx: Ctx,
+    data: Vec<T>,
+    op: ReduceOp<T>,
+) -> Result<Vec<T>, Error> {
+    let algorithm = choose(&cx, &op, data.len());
+    let mut reduction = Reduction::new(cx, op);
+    let result = match algorithm {
+        AllreduceAlgorithm::RecursiveDoubling => recursive_doubling(&mut reduction, data).await?,
+        AllreduceAlgorithm::Rabenseifner => rabenseifner(&mut reduction, data).await?,
+        AllreduceAlgorithm::Ring => ring(&mut reduction, data).await?,
+    };
+    reduction.finish(result)
+}
+
+/// The algorithm for `len` elements (see the [module docs](self)).
+fn choose<T: Element>(cx: &Ctx, op: &ReduceOp<T>, len: usize) -> AllreduceAlgorithm {
+    let tuning = &cx.comm.config().collectives;
+    let automatic = if len * size_of::<T>() < tuning.allreduce_large {
+        AllreduceAlgorithm::RecursiveDoubling
+    } else {
+        AllreduceAlgorithm::Rabenseifner
+    };
+    match tuning.allreduce {
+        Some(AllreduceAlgorithm::Ring) if !op.is_commutative() => automatic,
+        Some(forced) => forced,
+        None => automatic,
+    }
+}
+
+async fn recursive_doubling<T: Element>(
+    reduction: &mut Reduction<T>,
+    data: Vec<T>,
+) -> Result<Vec<T>, Error> {
+    let fold = Fold::new(reduction.size());
+    let len = data.len();
+    let (vrank, mut data) = match fold_in(reduction, &fold, data).await? {
+        Folded::Out { partner } => return receive_result(reduction, partner, len).await,
+        Folded::In { vrank, data } => (vrank, data),
+    };
+    for mask in fold.doubling_masks() {
+        let partner = vrank ^ mask;
+        if let Some(theirs) = reduction.exchange(fold.rank(partner), &data, len).await? {
+            reduction.combine(&mut data, theirs, Side::of(partner, vrank));
+        }
+    }
+    fold_out(reduction, &fold, &data).await?;
+    Ok(data)
+}
+
+async fn rabenseifner<T: Element>(
+    reduction: &mut Reduction<T>,
+    data: Vec<T>,
+) -> Result<Vec<T>, Error> {
+    let fold = Fold::new(reduction.size());
+    let len = data.len();
+    let (vrank, mut data) = match fold_in(reduction, &fold, data).await? {
+        Folded::Out { partner } => return receive_result(reduction, partner, len).await,
+        Folded::In { vrank, data } => (vrank, data),
+    };
+    let bounds = even_bounds(len, fold.pof2);
+    let masks = fold.doubling_masks();
+    let held = halving_reduce_scatter(reduction, &fold, vrank, &mut data, &bounds, &masks).await?;
+    doubling_allgather(reduction, &fold, vrank, &mut data, &bounds, &masks, held).await?;
+    fold_out(reduction, &fold, &data).await?;
+    Ok(data)
+}
+
+/// The ring over all n ranks (commutative operations only; see the [module docs](self)).
+async fn ring<T: Element>(reduction: &mut Reduction<T>, mut data: Vec<T>) -> Result<Vec<T>, Error> {
+    let (n, me) = (reduction.size(), reduction.rank());
+    let bounds = even_bounds(data.len(), n);
+    let (left, right) = ((me + n - 1) % n, (me + 1) % n);
+    // Block b starts at rank b + 1 and travels right, each rank adding its part, until it ends,
+    // complete, at rank b. In step s, rank `me` passes on block me − 1 − s and adds to me − 2 − s.
+    for step in 0..n - 1 {
+        let (passed, added) = ((me + 2 * n - 1 - step) % n, (me + 2 * n - 2 - step) % n);
+        let incoming = reduction.post(left);
+        let sent = reduction.send(right, &data[block(&bounds, passed)]);
+        let arriving = block(&bounds, added);
+        if let Some(theirs) = reduction.receive(incoming, arriving.len()).await? {
+            // Only commutative operations get here, so the side does not matter.
+            reduction.combine(&mut data[arriving], theirs, Side::Lower);
+        }
+        sent.await?;
+    }
+    // Now rank `me` holds block me complete; in step s it passes on block me − s.
+    for step in 0..n - 1 {
+        let (passed, copied) = ((me + n - step) % n, (me + 2 * n - 1 - step) % n);
+        let incoming = reduction.post(left);
+        let sent = reduction.send(right, &data[block(&bounds, passed)]);
+        let arriving = block(&bounds, copied);
+        if let Some(theirs) = reduction.receive(incoming, arriving.len()).await? {
+            data[arriving].copy_from_slice(&theirs);
+        }
+        sent.await?;
+    }
+    Ok(data)
+}
+
+/// MPICH's reduction of n ranks to p, the largest power of two ≤ n (see the
+/// [module docs](self)): of the first 2·rem ranks (rem = n − p) the even ones hand their data to
+/// the odd ones, which get virtual ranks `0..rem`; ranks from 2·rem on get virtual ranks
+/// `rem..p`.
+pub(crate) struct Fold {
+    pub pof2: usize,
+    pub rem: usize,
+}
+
+/// Where a rank stands after [`fold_in`].
+pub(crate) enum Folded<T> {
+    /// An even rank below 2·rem: it handed its data to `partner` and waits for what it sends
+    /// back.
+    Out { partner: usize },
+    /// A rank among the p that go on, with its virtual rank and (partial) data.
+    In { vrank: usize, data: Vec<T> },
+}
+
+impl Fold {
+    pub fn new(n: usize) -> Fold {
+        let pof2 = if n.is_power_of_two() {
+            n
+        } else {
+            n.next_power_of_two() / 2
+        };
+        Fold {
+            pof2,
+            rem: n - pof2,
+        }
+    }
+
+    /// The rank that virtual rank `vrank` stands for (the odd one of a pair).
+    pub fn rank(&self, vrank: usize) -> usize {
+        if vrank < self.rem {
+            2 * vrank + 1
+        } else {
+            vrank + self.rem
+        }
+    }
+
+    /// The first of the ranks that virtual rank `vrank` stands for; `vrank = p` gives n.
+    pub fn first_rank(&self, vrank: usize) -> usize {
+        if vrank < self.rem {
+            2 * vrank
+        } else {
+            vrank + self.rem
+        }
+    }
+
+    /// Partner distances 1, 2, 4, …, p/2.
+    pub fn doubling_masks(&self) -> Vec<usize> {
+        (0..self.pof2.trailing_zeros()).map(|k| 1 << k).collect()
+    }
+}
+
+/// Folds the first 2·rem ranks pairwise (see [`Fold`]).
+pub(crate) async fn fold_in<T: Element>(
+    reduction: &mut Reduction<T>,
+    fold: &Fold,
+    data: Vec<T>,
+) -> Result<Folded<T>, Error> {
+    let me = reduction.rank();
+    if me >= 2 * fold.rem {
+        return Ok(Folded::In {
+            vrank: me - fold.rem,
+            data,
+        });
+    }
+    if me % 2 == 0 {
+        reduction.send(me + 1, &data).await?;
+        return Ok(Folded::Out { partner: me + 1 });
+    }
+    let mut data = data;
+    let incoming = reduction.post(me - 1);
+    if let Some(lower) = reduction.receive(incoming, data.len()).await? {
+        reduction.combine(&mut data, lower, Side::Lower);
+    }
+    Ok(Folded::In {
+        vrank: me / 2,
+        data,
+    })
+}
+
+/// Gives the result back to the ranks that folded out: odd ranks below 2·rem send to the even
+/// rank below them.
+async fn fold_out<T: Element>(
+    reduction: &Reduction<T>,
+    fold: &Fold,
+    result: &[T],
+) -> Result<(), Error> {
+    let me = reduction.rank();
+    if me < 2 * fold.rem && me % 2 == 1 {
+        reduction.send(me - 1, result).await?;
+    }
+    Ok(())
+}
+
+/// What a folded-out rank gets back from its `partner`.
+async fn receive_result<T: Element>(
+    reduction: &mut Reduction<T>,
+    partner: usize,
+    len: usize,
+) -> Result<Vec<T>, Error> {
+    let incoming = reduction.post(partner);
+    Ok(reduction.receive(incoming, len).await?.unwrap_or_default())
+}
+
+/// Blocks `lo..hi` of a partition of the vector into p blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Blocks {
+    lo: usize,
+    hi: usize,
+}
+
+impl Blocks {
+    /// The elements these blocks cover.
+    fn elements(self, bounds: &[usize]) -> std::ops::Range<usize> {
+        bounds[self.lo]..bounds[self.hi]
+    }
+}
+
+/// Reduce-scatter by recursive halving among the p virtual ranks. `bounds` cuts the vector into
+/// p blocks; in each round (partner `vrank ^ mask`, masks in the given order) the two partners
+/// split the blocks they both hold in halves, the lower virtual rank keeping the lower half, and
+/// each sends the other half and combines the half it keeps. Returns the block this rank ends
+/// with: `vrank` when the masks decrease (p/2, …, 1), its bit reversal when they increase.
+///
+/// With increasing masks a partial always covers an aligned group of virtual ranks, so combining
+/// by [`Side`] keeps rank order; with decreasing masks it does not, which is fine for the
+/// commutative operations that use them.
+pub(crate) async fn halving_reduce_scatter<T: Element>(
+    reduction: &mut Reduction<T>,
+    fold: &Fold,
+    vrank: usize,
+    data: &mut [T],
+    bounds: &[usize],
+    masks: &[usize],
+) -> Result<Blocks, Error> {
+    let mut held = Blocks {
+        lo: 0,
+        hi: fold.pof2,
+    };
+    for &mask in masks {
+        let partner = vrank ^ mask;
+        let mid = (held.lo + held.hi) / 2;
+        let lower = Blocks {
+            lo: held.lo,
+            hi: mid,
+        };
+        let upper = Blocks {
+            lo: mid,
+            hi: held.hi,
+        };
+        let (keep, give) = if vrank < partner {
+            (lower, upper)
+        } else {
+            (upper, lower)
+        };
+        let kept = keep.elements(bounds);
+        let received = reduction
+            .exchange(fold.rank(partner), &data[give.elements(bounds)], kept.len())
+            .await?;
+        if let Some(theirs) = received {
+            reduction.combine(&mut data[kept], theirs, Side::of(partner, vrank));
+        }
+        held = keep;
+    }
+    Ok(held)
+}
+
+/// Allgather by recursive doubling, retracing [`halving_reduce_scatter`] with the same `masks`
+/// in reverse: in each round the partners swap the blocks they hold, which are adjacent.
+async fn doubling_allgather<T: Element>(
+    reduction: &mut Reduction<T>,
+    fold: &Fold,
+    vrank: usize,
+    data: &mut [T],
+    bounds: &[usize],
+    masks: &[usize],
+    mut held: Blocks,
+) -> Result<(), Error> {
+    for &mask in masks.iter().rev() {
+        let partner = vrank ^ mask;
+        let width = held.hi - held.lo;
+        let theirs = if vrank < partner {
+            Blocks {
+                lo: held.hi,
+                hi: held.hi + width,
+            }
+        } else {
+            Blocks {
+                lo: held.lo - width,
+                hi: held.lo,
+            }
+        };
+        let arriving = theirs.elements(bounds);
+        let received = reduction
+            .exchange(
+                fold.rank(partner),
+                &data[held.elements(bounds)],
+                arriving.len(),
+            )
+            .await?;
+        if let Some(blocks) = received {
+            data[arriving].copy_from_slice(&blocks);
+        }
+        held = Blocks {
+            lo: held.lo.min(theirs.lo),
+            hi: held.hi.max(theirs.hi),
+        };
+    }
+    Ok(())
+}

@@ -1,0 +1,134 @@
+//! Alltoall: rank i's block j goes to rank j, which returns the blocks it got in source-rank
+//! order. A rank's block to itself is copied locally.
+//!
+//! - **Bruck** (small blocks): slot i of a rank starts with its block for rank + i; in round k
+//!   (⌈log₂ n⌉ rounds) every slot whose index has bit k set goes to rank + 2^k, framed as blocks
+//!   tagged with their slot ([`encode_blocks`]), and the same slots come back from rank − 2^k.
+//!   A block travels i in total, so slot i ends holding the block from rank − i; a final
+//!   inverse rotation puts them in source order. Few messages, each block sent ~log₂ n / 2 times.
+//! - **Pairwise exchange** (large blocks): n − 1 steps, in step s a rank sends its block to
+//!   rank + s and receives from rank − s (with a power-of-two n, both with rank XOR s, so pairs
+//!   swap). Every block travels once, one partner at a time.
+//!
+//! `all_to_all` uses the `alltoall` override if set, else pairwise from `alltoall_large` bytes
+//! per block, else Bruck. `all_to_allv` (lengths differ, so ranks could not agree on a
+//! size-based choice) uses the override if set, else pairwise. Both move blocks whatever their
+//! lengths, so a rank passing a different count to `all_to_all` cannot stall the others: every
+//! rank finishes and the ranks that got a wrong-sized block report it.
+
+use bytes::Bytes;
+use rankweave_core::Error;
+use rankweave_core::tuning::AlltoallAlgorithm;
+
+use crate::Element;
+use crate::ctx::{Ctx, encode_blocks, to_bytes, to_vec};
+use crate::gather::{await_all, concat_equal_blocks, decode_expected_blocks, powers_of_two_below};
+
+pub(crate) async fn all_to_all<T: Element>(cx: Ctx, data: Vec<T>) -> Result<Vec<T>, Error> {
+    let n = cx.size;
+    if data.len() % n != 0 {
+        return Err(Error::InvalidArgument(format!(
+            "all_to_all: {} elements do not split into {n} equal blocks",
+            data.len()
+        )));
+    }
+    let count = data.len() / n;
+    let block_bytes = count * std::mem::size_of::<T>();
+    let bytes = to_bytes(&data);
+    let blocks = (0..n)
+        .map(|r| bytes.slice(r * block_bytes..(r + 1) * block_bytes))
+        .collect();
+    let tuning = &cx.comm.config().collectives;
+    let algorithm = tuning
+        .alltoall
+        .unwrap_or(if block_bytes >= tuning.alltoall_large {
+            AlltoallAlgorithm::Pairwise
+        } else {
+            AlltoallAlgorithm::Bruck
+        });
+    let received = exchange(&cx, algorithm, blocks).await?;
+    concat_equal_blocks(&received, count)
+}
+
+pub(crate) async fn all_to_allv<T: Element>(
+    cx: Ctx,
+    blocks: Vec<Vec<T>>,
+) -> Result<Vec<Vec<T>>, Error> {
+    if blocks.len() != cx.size {
+        return Err(Error::InvalidArgument(format!(
+            "all_to_allv: {} blocks for {} ranks",
+            blocks.len(),
+            cx.size
+        )));
+    }
+    let blocks = blocks.iter().map(|block| to_bytes(block)).collect();
+    let algorithm = cx
+        .comm
+        .config()
+        .collectives
+        .alltoall
+        .unwrap_or(AlltoallAlgorithm::Pairwise);
+    let received = exchange(&cx, algorithm, blocks).await?;
+    received.iter().map(|block| to_vec(block)).collect()
+}
+
+/// Sends `blocks[r]` to rank r by `algorithm`; returns the block from each rank in rank order.
+async fn exchange(
+    cx: &Ctx,
+    algorithm: AlltoallAlgorithm,
+    blocks: Vec<Bytes>,
+) -> Result<Vec<Bytes>, Error> {
+    if cx.size == 1 {
+        return Ok(blocks);
+    }
+    match algorithm {
+        AlltoallAlgorithm::Bruck => bruck(cx, blocks).await,
+        AlltoallAlgorithm::Pairwise => pairwise(cx, blocks).await,
+    }
+}
+
+async fn pairwise(cx: &Ctx, blocks: Vec<Bytes>) -> Result<Vec<Bytes>, Error> {
+    let (n, me) = (cx.size, cx.rank);
+    let mut received = vec![Bytes::new(); n];
+    received[me] = blocks[me].clone();
+    for step in 1..n {
+        let (to, from) = if n.is_power_of_two() {
+            (me ^ step, me ^ step)
+        } else {
+            ((me + step) % n, (me + n - step) % n)
+        };
+        let receive = cx.comm.collective_recv(from, cx.tag);
+        let send = cx.send(to, blocks[to].clone());
+        let (sent, got) = tokio::join!(send, receive);
+        sent?;
+        received[from] = got?.into_data();
+    }
+    Ok(received)
+}
+
+async fn bruck(cx: &Ctx, blocks: Vec<Bytes>) -> Result<Vec<Bytes>, Error> {
+    let (n, me) = (cx.size, cx.rank);
+    // Each round has its own source, so every receive can be posted up front.
+    let receives: Vec<_> = powers_of_two_below(n)
+        .map(|bit| (bit, cx.comm.collective_recv((me + n - bit) % n, cx.tag)))
+        .collect();
+    // Local rotation: slot i holds the block for rank me + i.
+    let mut slots: Vec<Bytes> = (0..n).map(|i| blocks[(me + i) % n].clone()).collect();
+    let mut sends = Vec::new();
+    for (bit, receive) in receives {
+        let moving: Vec<usize> = (0..n).filter(|i| i & bit != 0).collect();
+        let message = encode_blocks(moving.iter().map(|&i| (i, &slots[i][..])));
+        sends.push(cx.send((me + bit) % n, message));
+        let from = (me + n - bit) % n;
+        let message = receive.await?.into_data();
+        let arrived = decode_expected_blocks(from, message, moving.iter().copied())?;
+        for (&i, block) in moving.iter().zip(arrived) {
+            slots[i] = block;
+        }
+    }
+    await_all(sends).await?;
+    // Inverse rotation: slot i now holds the block from rank me − i.
+    Ok((0..n)
+        .map(|src| slots[(me + n - src) % n].clone())
+        .collect())
+}

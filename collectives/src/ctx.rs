@@ -1,0 +1,167 @@
+//! [`Ctx`]: what every algorithm works with — the communicator, the collective's tag, this
+//! rank's number and the size — and the message helpers the algorithms share: typed sends and
+//! receives of `Pod` vectors, and a framing for sets of variable-length blocks.
+
+use bytes::{BufMut, Bytes, BytesMut};
+use rankweave_core::{Communicator, Error, SendOp};
+
+/// One collective's view of its communicator (see the [module docs](self)).
+#[derive(Clone, Debug)]
+pub(crate) struct Ctx {
+    pub comm: Communicator,
+    /// Every message of this collective carries this tag on the collective context.
+    pub tag: u32,
+    pub rank: usize,
+    pub size: usize,
+}
+
+impl Ctx {
+    /// The context of the next collective on `comm` (takes its sequence number).
+    pub fn next(comm: &Communicator) -> Ctx {
+        Ctx {
+            tag: comm.next_collective(),
+            rank: comm.rank(),
+            size: comm.size(),
+            comm: comm.clone(),
+        }
+    }
+
+    /// Sends bytes to `dst` (starts at once).
+    pub fn send(&self, dst: usize, data: Bytes) -> SendOp {
+        self.comm.collective_send(dst, self.tag, data)
+    }
+
+    /// Receives the next message of this collective from `src`.
+    pub async fn recv(&self, src: usize) -> Result<Bytes, Error> {
+        Ok(self.comm.collective_recv(src, self.tag).await?.into_data())
+    }
+}
+
+/// The error for a peer whose contribution has the wrong number of elements.
+pub(crate) fn length_mismatch(src: usize, expected: usize, got: usize) -> Error {
+    Error::InvalidArgument(format!(
+        "rank {src} contributed {got} elements where {expected} were expected: every rank must \
+         pass the same count"
+    ))
+}
+
+/// Checks that `root` is a rank of a communicator of `size` ranks.
+pub(crate) fn check_root(root: usize, size: usize) -> Result<(), Error> {
+    if root < size {
+        Ok(())
+    } else {
+        Err(Error::InvalidRank { rank: root, size })
+    }
+}
+
+/// Copies bytes into a vector of elements (the bytes need not be aligned).
+pub(crate) fn to_vec<T: bytemuck::Pod>(data: &[u8]) -> Result<Vec<T>, Error> {
+    let elem = std::mem::size_of::<T>();
+    if elem == 0 {
+        return Ok(Vec::new());
+    }
+    if data.len() % elem != 0 {
+        return Err(Error::Misaligned {
+            len: data.len(),
+            elem,
+        });
+    }
+    let mut v = vec![T::zeroed(); data.len() / elem];
+    bytemuck::cast_slice_mut::<T, u8>(&mut v).copy_from_slice(data);
+    Ok(v)
+}
+
+/// The bytes of a slice of elements.
+pub(crate) fn to_bytes<T: bytemuck::Pod>(data: &[T]) -> Bytes {
+    Bytes::copy_from_slice(bytemuck::cast_slice(data))
+}
+
+/// Frames several blocks, each tagged with a number (usually the rank it belongs to), into
+/// one message: `count: u32`, then `(id: u32, len: u64)` per block, then the blocks' bytes.
+pub(crate) fn encode_blocks<'a>(blocks: impl IntoIterator<Item = (usize, &'a [u8])>) -> Bytes {
+    let blocks: Vec<(usize, &[u8])> = blocks.into_iter().collect();
+    let body: usize = blocks.iter().map(|(_, b)| b.len()).sum();
+    let mut out = BytesMut::with_capacity(4 + 12 * blocks.len() + body);
+    out.put_u32_le(blocks.len() as u32);
+    for (id, b) in &blocks {
+        out.put_u32_le(*id as u32);
+        out.put_u64_le(b.len() as u64);
+    }
+    for (_, b) in &blocks {
+        out.put_slice(b);
+    }
+    out.freeze()
+}
+
+/// Splits a message made by [`encode_blocks`] into its blocks (slices of `data`, no copy).
+/// Anything inconsistent is [`Error::Protocol`] naming `from`, never a panic.
+pub(crate) fn decode_blocks(from: usize, data: Bytes) -> Result<Vec<(usize, Bytes)>, Error> {
+    let bad = |detail: &str| Error::Protocol {
+        peer: from,
+        detail: format!("malformed collective block set: {detail}"),
+    };
+    if data.len() < 4 {
+        return Err(bad("shorter than its count"));
+    }
+    let count = u32::from_le_bytes(data[..4].try_into().unwrap_or_default()) as usize;
+    let table = count
+        .checked_mul(12)
+        .and_then(|t| t.checked_add(4))
+        .filter(|&t| t <= data.len())
+        .ok_or_else(|| bad("block table longer than the message"))?;
+    let mut blocks = Vec::with_capacity(count);
+    let mut at = table;
+    for i in 0..count {
+        let e = &data[4 + 12 * i..4 + 12 * (i + 1)];
+        let id = u32::from_le_bytes(e[..4].try_into().unwrap_or_default()) as usize;
+        let len = u64::from_le_bytes(e[4..].try_into().unwrap_or_default());
+        let end = usize::try_from(len)
+            .ok()
+            .and_then(|l| at.checked_add(l))
+            .filter(|&end| end <= data.len())
+            .ok_or_else(|| bad("block longer than the message"))?;
+        blocks.push((id, data.slice(at..end)));
+        at = end;
+    }
+    if at != data.len() {
+        return Err(bad("bytes after the last block"));
+    }
+    Ok(blocks)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn block_sets_round_trip_and_reject_garbage() {
+        let a = [1u8, 2, 3];
+        let enc = encode_blocks([(7, &a[..]), (0, &[][..]), (2, &[9u8][..])]);
+        let dec = decode_blocks(1, enc.clone()).unwrap();
+        assert_eq!(dec.len(), 3);
+        assert_eq!((dec[0].0, &dec[0].1[..]), (7, &a[..]));
+        assert_eq!((dec[1].0, dec[1].1.len()), (0, 0));
+        assert_eq!((dec[2].0, &dec[2].1[..]), (2, &[9u8][..]));
+        for cut in 0..enc.len() {
+            assert!(decode_blocks(1, enc.slice(..cut)).is_err(), "cut at {cut}");
+        }
+        let mut long = enc.to_vec();
+        long.push(0);
+        assert!(decode_blocks(1, Bytes::from(long)).is_err());
+        let huge = encode_blocks([]).to_vec();
+        let mut h = huge.clone();
+        h[..4].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(decode_blocks(1, Bytes::from(h)).is_err());
+    }
+
+    #[test]
+    fn unaligned_bytes_become_elements() {
+        let bytes = [0u8, 1, 0, 0, 0, 2, 0, 0, 0];
+        let v: Vec<u32> = to_vec(&bytes[1..]).unwrap();
+        assert_eq!(v, [1, 2]);
+        assert!(matches!(
+            to_vec::<u32>(&bytes[..3]),
+            Err(Error::Misaligned { len: 3, elem: 4 })
+        ));
+    }
+}

@@ -1,0 +1,340 @@
+//! Reduce, and the messaging every reduction shares ([`Reduction`]).
+//!
+//! # Binomial tree
+//!
+//! Ranks are numbered relative to a tree root. Node `v` receives from its children `v + 1`,
+//! `v + 2`, `v + 4`, … (while that bit of `v` is clear and the child exists), combining each into
+//! its accumulator, then sends the accumulator to its parent `v − lowbit(v)`: ⌈log₂ n⌉ rounds of
+//! the whole vector. Child `v + m` brings the contiguous range `[v + m, v + 2m)`, and the children
+//! come in increasing order, so `acc = acc ∘ child` keeps relative-rank order.
+//!
+//! - **Commutative operations**: the tree is rooted at `root` itself (relative ranks wrap around,
+//!   which only commutative operations allow).
+//! - **Non-commutative operations**: the tree is rooted at rank 0, where relative order is rank
+//!   order, so the result is exactly `x₀ ∘ x₁ ∘ … ∘ xₙ₋₁`; rank 0 then sends it on to `root`.
+//!
+//! # Messages and failures
+//!
+//! Every message of a reduction (this module's and those of allreduce, reduce-scatter and scan)
+//! starts with a kind byte: [`DATA`], followed by the elements, or [`FAULT`], followed by the rank
+//! where the collective failed (`u32` LE) and why (UTF-8). A rank that sees a bad message (another
+//! length than its own, a partial number of elements) does not stop: it remembers the error,
+//! stops combining, and runs the rest of its schedule with fault notices in place of data. So
+//! every rank of the schedule finishes, the ones whose result depends on the bad contribution
+//! with an error, and nobody waits forever for a message that was never sent. The schedules
+//! depend only on the number of ranks (empty blocks are still sent), not on the data, so ranks
+//! that disagree about the length still pair up, as long as they chose the same algorithm
+//! (allreduce chooses by byte size: contributions on both sides of `allreduce_large` can make
+//! ranks run different schedules and wait for each other, which is why mismatched counts remain
+//! erroneous, as in MPI).
+
+use std::ops::Range;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use rankweave_core::{Error, RecvOp, SendOp};
+
+use crate::ctx::{Ctx, length_mismatch, to_vec};
+use crate::{Element, ReduceOp};
+
+pub(crate) async fn binomial<T: Element>(
+    cx: Ctx,
+    root: usize,
+    data: Vec<T>,
+    op: ReduceOp<T>,
+) -> Result<Option<Vec<T>>, Error> {
+    let mut reduction = Reduction::new(cx, op);
+    let result = reduce_to(&mut reduction, root, data).await?;
+    reduction.finish(result)
+}
+
+/// Reduces every rank's `data` (the same length everywhere) at `root`, in rank order for
+/// non-commutative operations: `Some(result)` at `root`, `None` elsewhere (see the
+/// [module docs](self)).
+pub(crate) async fn reduce_to<T: Element>(
+    reduction: &mut Reduction<T>,
+    root: usize,
+    data: Vec<T>,
+) -> Result<Option<Vec<T>>, Error> {
+    if reduction.op.is_commutative() {
+        return tree(reduction, root, data).await;
+    }
+    let len = data.len();
+    let at_zero = tree(reduction, 0, data).await?;
+    if root == 0 {
+        Ok(at_zero)
+    } else if reduction.rank() == 0 {
+        reduction
+            .send(root, at_zero.as_deref().unwrap_or_default())
+            .await?;
+        Ok(None)
+    } else if reduction.rank() == root {
+        let incoming = reduction.post(0);
+        Ok(Some(
+            reduction.receive(incoming, len).await?.unwrap_or_default(),
+        ))
+    } else {
+        Ok(None)
+    }
+}
+
+/// The binomial tree rooted at `root`: the reduction at `root`, `None` elsewhere.
+async fn tree<T: Element>(
+    reduction: &mut Reduction<T>,
+    root: usize,
+    data: Vec<T>,
+) -> Result<Option<Vec<T>>, Error> {
+    let (n, me) = (reduction.size(), reduction.rank());
+    let relative = (me + n - root) % n;
+    let absolute = |r: usize| (r + root) % n;
+    let mut children = Vec::new();
+    let mut mask = 1;
+    while mask < n && relative & mask == 0 {
+        if relative + mask < n {
+            children.push(absolute(relative + mask));
+        }
+        mask <<= 1;
+    }
+    // Post every child's receive now, so their (possibly rendezvous) sends all proceed while the
+    // first ones are combined.
+    let incoming: Vec<Incoming> = children
+        .iter()
+        .map(|&child| reduction.post(child))
+        .collect();
+    let mut acc = data;
+    for from_child in incoming {
+        if let Some(child) = reduction.receive(from_child, acc.len()).await? {
+            reduction.combine(&mut acc, child, Side::Higher);
+        }
+    }
+    if relative == 0 {
+        return Ok(Some(acc));
+    }
+    let parent = absolute(relative - (relative & relative.wrapping_neg()));
+    reduction.send(parent, &acc).await?;
+    Ok(None)
+}
+
+/// Kind byte of a message carrying elements.
+const DATA: u8 = 0;
+/// Kind byte of a message announcing that the collective failed.
+const FAULT: u8 = 1;
+
+/// Where the ranks of a received partial result lie relative to this rank's own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Side {
+    /// Lower ranks: the result is `theirs ∘ mine`.
+    Lower,
+    /// Higher ranks: the result is `mine ∘ theirs`.
+    Higher,
+}
+
+impl Side {
+    /// The side of `theirs` relative to `mine` (numbers that order ranks the same way).
+    pub fn of(theirs: usize, mine: usize) -> Side {
+        if theirs < mine {
+            Side::Lower
+        } else {
+            Side::Higher
+        }
+    }
+}
+
+/// Why this rank's part of the collective failed, and the notice it sends in place of data.
+struct Fault {
+    error: Error,
+    notice: Bytes,
+}
+
+/// A receive that has been posted and is awaited by [`Reduction::receive`].
+pub(crate) struct Incoming {
+    from: usize,
+    recv: RecvOp,
+}
+
+/// One rank's part in a reduction collective: the context, the operation, and whether the
+/// collective has failed (see the [module docs](self)).
+pub(crate) struct Reduction<T> {
+    cx: Ctx,
+    pub op: ReduceOp<T>,
+    fault: Option<Fault>,
+}
+
+impl<T: Element> Reduction<T> {
+    pub fn new(cx: Ctx, op: ReduceOp<T>) -> Self {
+        Reduction {
+            cx,
+            op,
+            fault: None,
+        }
+    }
+
+    pub fn rank(&self) -> usize {
+        self.cx.rank
+    }
+
+    pub fn size(&self) -> usize {
+        self.cx.size
+    }
+
+    /// Posts the receive of the next message from `from`.
+    pub fn post(&self, from: usize) -> Incoming {
+        Incoming {
+            from,
+            recv: self.cx.comm.collective_recv(from, self.cx.tag),
+        }
+    }
+
+    /// Sends `data` to `to`, or the fault notice once the collective has failed (starts at once).
+    pub fn send(&self, to: usize, data: &[T]) -> SendOp {
+        let message = match &self.fault {
+            None => encode_data(data),
+            Some(fault) => fault.notice.clone(),
+        };
+        self.cx.send(to, message)
+    }
+
+    /// Waits for a posted receive of `len` elements. `Ok(None)` when the collective has failed
+    /// (before or by this message): the caller skips combining and carries on with its
+    /// schedule. `Err` only when the message could not be received at all.
+    pub async fn receive(
+        &mut self,
+        incoming: Incoming,
+        len: usize,
+    ) -> Result<Option<Vec<T>>, Error> {
+        let message = incoming.recv.await?.into_data();
+        Ok(self.accept(incoming.from, message, len))
+    }
+
+    /// Sends `data` to `partner` and receives `len` elements from it, both started before
+    /// either is awaited (rendezvous sends complete only once the partner has matched them).
+    pub async fn exchange(
+        &mut self,
+        partner: usize,
+        data: &[T],
+        len: usize,
+    ) -> Result<Option<Vec<T>>, Error> {
+        let incoming = self.post(partner);
+        let sent = self.send(partner, data);
+        let received = self.receive(incoming, len).await;
+        sent.await?;
+        received
+    }
+
+    /// `mine = theirs ∘ mine` or `mine = mine ∘ theirs`, as `theirs` lies on `side`.
+    pub fn combine(&mut self, mine: &mut [T], mut theirs: Vec<T>, side: Side) {
+        let combined = match side {
+            Side::Lower => self.op.combine(&theirs, mine),
+            Side::Higher if self.op.is_commutative() => self.op.combine(&theirs, mine),
+            Side::Higher => self
+                .op
+                .combine(mine, &mut theirs)
+                .map(|()| mine.copy_from_slice(&theirs)),
+        };
+        if let Err(error) = combined {
+            self.fail(error);
+        }
+    }
+
+    /// `mine = lower ∘ mine`, without taking `lower`.
+    pub fn combine_lower(&mut self, lower: &[T], mine: &mut [T]) {
+        if let Err(error) = self.op.combine(lower, mine) {
+            self.fail(error);
+        }
+    }
+
+    /// The collective's result on this rank: `result`, or the error that made it fail.
+    pub fn finish<R>(self, result: R) -> Result<R, Error> {
+        match self.fault {
+            None => Ok(result),
+            Some(fault) => Err(fault.error),
+        }
+    }
+
+    fn accept(&mut self, from: usize, message: Bytes, len: usize) -> Option<Vec<T>> {
+        if self.fault.is_some() {
+            return None;
+        }
+        match decode(from, message, len) {
+            Ok(data) => Some(data),
+            Err(Received::Fault(fault)) => {
+                self.fault = Some(fault);
+                None
+            }
+            Err(Received::Bad(error)) => {
+                self.fail(error);
+                None
+            }
+        }
+    }
+
+    /// Records a failure seen here (the first one wins).
+    fn fail(&mut self, error: Error) {
+        if self.fault.is_none() {
+            let notice = encode_fault(self.cx.rank, &error);
+            self.fault = Some(Fault { error, notice });
+        }
+    }
+}
+
+/// Why a message gave no data.
+enum Received {
+    /// The sender's collective had failed, maybe elsewhere: its notice.
+    Fault(Fault),
+    /// The message itself is wrong.
+    Bad(Error),
+}
+
+fn encode_data<T: Element>(data: &[T]) -> Bytes {
+    let bytes: &[u8] = bytemuck::cast_slice(data);
+    let mut message = BytesMut::with_capacity(1 + bytes.len());
+    message.put_u8(DATA);
+    message.put_slice(bytes);
+    message.freeze()
+}
+
+fn encode_fault(rank: usize, error: &Error) -> Bytes {
+    let reason = error.to_string();
+    let mut message = BytesMut::with_capacity(5 + reason.len());
+    message.put_u8(FAULT);
+    message.put_u32_le(rank as u32);
+    message.put_slice(reason.as_bytes());
+    message.freeze()
+}
+
+fn decode<T: Element>(from: usize, message: Bytes, len: usize) -> Result<Vec<T>, Received> {
+    match message.first() {
+        Some(&DATA) => {
+            let data: Vec<T> = to_vec(&message[1..]).map_err(Received::Bad)?;
+            if data.len() != len {
+                return Err(Received::Bad(length_mismatch(from, len, data.len())));
+            }
+            Ok(data)
+        }
+        Some(&FAULT) if message.len() >= 5 => {
+            let origin = u32::from_le_bytes([message[1], message[2], message[3], message[4]]);
+            let reason = String::from_utf8_lossy(&message[5..]);
+            let error =
+                Error::InvalidArgument(format!("the collective failed on rank {origin}: {reason}"));
+            Err(Received::Fault(Fault {
+                error,
+                notice: message,
+            }))
+        }
+        _ => Err(Received::Bad(Error::Protocol {
+            peer: from,
+            detail: "malformed reduction message".into(),
+        })),
+    }
+}
+
+/// Boundaries of `len` elements cut into `parts` nearly equal blocks (the first `len % parts`
+/// one element longer): block `i` is `bounds[i]..bounds[i + 1]`.
+pub(crate) fn even_bounds(len: usize, parts: usize) -> Vec<usize> {
+    let (per, extra) = (len / parts, len % parts);
+    (0..=parts).map(|i| i * per + i.min(extra)).collect()
+}
+
+/// Block `i` of `bounds`.
+pub(crate) fn block(bounds: &[usize], i: usize) -> Range<usize> {
+    bounds[i]..bounds[i + 1]
+}

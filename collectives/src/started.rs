@@ -1,0 +1,97 @@
+//! [`CollectiveOp`]: the future a collective returns.
+//!
+//! A collective starts when it is called: its sequence number is taken at once, and its
+//! algorithm runs as a task of the rank's tokio runtime. So it makes progress — receiving,
+//! combining and forwarding to the ranks below it in a tree — whether or not the caller polls
+//! the returned future: a rank that started a broadcast and then computes for a while does not
+//! hold up the ranks it forwards to (Yu's NIC-based collectives; here the runtime plays the
+//! NIC). The future only waits for the result.
+//!
+//! Dropping the future does not cancel the collective: the other ranks depend on this one's part,
+//! so it runs to completion (like a dropped send).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use rankweave_core::Error;
+use tokio::task::JoinHandle;
+
+type BoxedRun<T> = Pin<Box<dyn Future<Output = Result<T, Error>> + Send + 'static>>;
+
+/// A collective in progress (see the [module docs](self)). Resolves to the collective's result.
+#[must_use = "the collective runs anyway; await the future for its result"]
+pub struct CollectiveOp<T> {
+    state: State<T>,
+    rank: usize,
+}
+
+enum State<T> {
+    /// Running as a task of the runtime.
+    Spawned(JoinHandle<Result<T, Error>>),
+    /// No runtime at the call (an executor other than tokio): runs when polled.
+    Inline(BoxedRun<T>),
+    /// Failed before it started (bad argument), or already taken.
+    Ready(Option<Result<T, Error>>),
+}
+
+impl<T: Send + 'static> CollectiveOp<T> {
+    /// Starts `run` for rank `rank`.
+    pub(crate) fn start(
+        rank: usize,
+        run: impl Future<Output = Result<T, Error>> + Send + 'static,
+    ) -> Self {
+        let state = match tokio::runtime::Handle::try_current() {
+            Ok(handle) => State::Spawned(handle.spawn(run)),
+            Err(_) => State::Inline(Box::pin(run)),
+        };
+        CollectiveOp { state, rank }
+    }
+
+    /// A collective that failed before it started (its arguments were invalid); nothing was
+    /// sent.
+    pub(crate) fn failed(rank: usize, error: Error) -> Self {
+        CollectiveOp {
+            state: State::Ready(Some(Err(error))),
+            rank,
+        }
+    }
+}
+
+// Nothing in it is pinned structurally: the task handle and the boxed run are `Unpin`, and the
+// result is only moved out.
+impl<T> Unpin for CollectiveOp<T> {}
+
+impl<T> Future for CollectiveOp<T> {
+    type Output = Result<T, Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        match &mut this.state {
+            State::Spawned(handle) => Pin::new(handle).poll(cx).map(|r| match r {
+                Ok(result) => result,
+                Err(e) if e.is_panic() => Err(Error::RankPanicked {
+                    rank: this.rank,
+                    message: "a collective's task panicked".into(),
+                }),
+                Err(_) => Err(Error::Shutdown),
+            }),
+            State::Inline(run) => run.as_mut().poll(cx),
+            State::Ready(r) => Poll::Ready(r.take().unwrap_or(Err(Error::Shutdown))),
+        }
+    }
+}
+
+impl<T> std::fmt::Debug for CollectiveOp<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = match &self.state {
+            State::Spawned(_) => "running",
+            State::Inline(_) => "inline",
+            State::Ready(_) => "ready",
+        };
+        f.debug_struct("CollectiveOp")
+            .field("rank", &self.rank)
+            .field("state", &state)
+            .finish()
+    }
+}

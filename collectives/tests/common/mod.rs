@@ -1,0 +1,53 @@
+//! Helpers shared by the collectives' integration tests.
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::time::Duration;
+
+use rankweave_core::{Communicator, Config};
+use rankweave_transports::inproc;
+
+/// How long a rank may take before the test counts it as hung.
+pub const RANK_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Runs `f` on every rank of an `n`-rank in-process job built with `config` and returns the
+/// results in rank order. A rank that does not finish within `limit` fails the test.
+pub async fn job_within<T, F, Fut>(n: usize, config: &Config, limit: Duration, f: F) -> Vec<T>
+where
+    F: Fn(Communicator) -> Fut,
+    Fut: Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    let comms = inproc::world(n, config).expect("world");
+    let tasks: Vec<_> = comms.into_iter().map(|c| tokio::spawn(f(c))).collect();
+    let mut out = Vec::new();
+    for (rank, t) in tasks.into_iter().enumerate() {
+        out.push(
+            tokio::time::timeout(limit, t)
+                .await
+                .unwrap_or_else(|_| panic!("rank {rank} of {n} timed out"))
+                .expect("rank panicked"),
+        );
+    }
+    out
+}
+
+/// [`job_within`] with [`RANK_TIMEOUT`].
+pub async fn job_with<T, F, Fut>(n: usize, config: &Config, f: F) -> Vec<T>
+where
+    F: Fn(Communicator) -> Fut,
+    Fut: Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    job_within(n, config, RANK_TIMEOUT, f).await
+}
+
+/// [`job_with`] the default configuration.
+pub async fn job<T, F, Fut>(n: usize, f: F) -> Vec<T>
+where
+    F: Fn(Communicator) -> Fut,
+    Fut: Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    job_with(n, &Config::default(), f).await
+}

@@ -1,0 +1,612 @@
+//! The data-movement collectives — broadcast, gather(v), scatter(v), all_gather(v) and
+//! all_to_all(v) — over in-process ranks, checked against sequential references. Every algorithm
+//! is forced through the configuration and run on power-of-two and other sizes, with every root,
+//! tiny pipeline segments and a small eager limit (so rendezvous sends are exercised too).
+
+use std::fmt::Debug;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use rankweave_collectives::{Collectives, Element};
+use rankweave_core::tuning::{
+    AllgatherAlgorithm, AlltoallAlgorithm, BcastAlgorithm, CollectiveTuning,
+};
+use rankweave_core::{Config, Error};
+
+mod common;
+use common::{job_with as job, job_within};
+
+/// Communicator sizes every algorithm runs on: every size up to 17 (powers of two and not) and
+/// 64.
+fn sizes() -> impl Iterator<Item = usize> {
+    (1..=17).chain([64])
+}
+
+/// A configuration with a small eager limit (rendezvous from 200 bytes) and tuning edited by
+/// `edit`.
+fn tuned(edit: impl FnOnce(&mut CollectiveTuning)) -> Config {
+    let mut config = Config {
+        eager_limit: 200,
+        ..Config::default()
+    };
+    edit(&mut config.collectives);
+    config
+}
+
+/// Element types the tests use, with a deterministic value per (index, seed).
+trait Sample: Element + PartialEq + Debug {
+    fn sample(i: usize, seed: usize) -> Self;
+}
+
+impl Sample for u8 {
+    fn sample(i: usize, seed: usize) -> u8 {
+        (i.wrapping_mul(31) ^ seed.wrapping_mul(97)) as u8
+    }
+}
+
+impl Sample for u32 {
+    fn sample(i: usize, seed: usize) -> u32 {
+        (i as u32).wrapping_mul(2_654_435_761) ^ (seed as u32).wrapping_mul(40_503)
+    }
+}
+
+impl Sample for f64 {
+    fn sample(i: usize, seed: usize) -> f64 {
+        i as f64 * 0.25 - seed as f64 * 1000.5
+    }
+}
+
+fn values<T: Sample>(count: usize, seed: usize) -> Vec<T> {
+    (0..count).map(|i| T::sample(i, seed)).collect()
+}
+
+fn pattern(len: usize, seed: usize) -> Bytes {
+    values::<u8>(len, seed).into()
+}
+
+/// A seed naming one contribution: case `case`, from rank `from`, for rank `to`.
+fn seed(case: usize, from: usize, to: usize) -> usize {
+    case * 10_007 + from * 101 + to
+}
+
+// ---------------------------------------------------------------------------------------------
+// Broadcast
+
+/// Broadcasts, on one `n`-rank job, a message of every length in `lens` from every root in
+/// `roots` (one after the other), and checks every rank got the root's bytes.
+async fn check_broadcast(n: usize, config: &Config, roots: Vec<usize>, lens: &[usize]) {
+    let cases: Vec<(usize, usize)> = roots
+        .iter()
+        .flat_map(|&root| lens.iter().map(move |&len| (root, len)))
+        .collect();
+    let shared = Arc::new(cases.clone());
+    let got = job(n, config, move |comm| {
+        let cases = Arc::clone(&shared);
+        async move {
+            let mut out = Vec::new();
+            for &(root, len) in cases.iter() {
+                // Non-roots pass junk: it must be ignored.
+                let data = if comm.rank() == root {
+                    pattern(len, root)
+                } else {
+                    Bytes::from_static(b"ignored")
+                };
+                out.push(comm.broadcast(root, data).await?);
+            }
+            Ok::<_, Error>(out)
+        }
+    })
+    .await;
+    for (rank, got) in got.into_iter().enumerate() {
+        let got = got.unwrap_or_else(|e| panic!("n={n} rank={rank}: {e}"));
+        for (&(root, len), data) in cases.iter().zip(got) {
+            assert!(
+                data == pattern(len, root),
+                "broadcast n={n} root={root} len={len} rank={rank}: wrong data"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broadcast_by_every_algorithm_from_every_root() {
+    let algorithms = [
+        Some(BcastAlgorithm::Binomial),
+        Some(BcastAlgorithm::ScatterAllgather),
+        Some(BcastAlgorithm::Chain),
+        None,
+    ];
+    for algorithm in algorithms {
+        // With tiny thresholds the automatic choice takes all three algorithms over `lens`.
+        let config = tuned(|t| {
+            t.bcast = algorithm;
+            t.segment = 64;
+            t.bcast_large = 40;
+            t.bcast_chain = 500;
+        });
+        for n in sizes() {
+            let lens: &[usize] = if n > 17 {
+                &[0, 1, 300, 1001]
+            } else {
+                &[0, 1, 5, 63, 64, 300, 1001]
+            };
+            check_broadcast(n, &config, (0..n).collect(), lens).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broadcast_of_a_megabyte() {
+    let mib = 1 << 20;
+    let configs = [
+        tuned(|t| t.bcast = Some(BcastAlgorithm::Binomial)),
+        tuned(|t| t.bcast = Some(BcastAlgorithm::ScatterAllgather)),
+        tuned(|t| {
+            t.bcast = Some(BcastAlgorithm::Chain);
+            t.segment = 1000;
+        }),
+        // Default eager limit and segment (rendezvous segments of 128 KiB).
+        {
+            let mut c = Config::default();
+            c.collectives.bcast = Some(BcastAlgorithm::Chain);
+            c
+        },
+        Config::default(),
+    ];
+    for config in &configs {
+        for n in [2, 3, 5, 8] {
+            check_broadcast(n, config, vec![0, n - 1], &[mib, mib + 3]).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broadcast_rejects_an_invalid_root() {
+    let got = job(4, &Config::default(), |comm| async move {
+        comm.broadcast(4, Bytes::from_static(b"x")).await
+    })
+    .await;
+    for g in got {
+        assert_eq!(g, Err(Error::InvalidRank { rank: 4, size: 4 }));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Gather and scatter
+
+/// Count of rank `rank`'s block in v-variant case `case` (zero for some ranks).
+fn v_count(case: usize, rank: usize, other: usize) -> usize {
+    (rank * 3 + other * 7 + case) % 5
+}
+
+async fn check_gathers<T: Sample>(n: usize, counts: &[usize]) {
+    let counts = Arc::new(counts.to_vec());
+    let shared = Arc::clone(&counts);
+    let got = job(n, &tuned(|_| {}), move |comm| {
+        let counts = Arc::clone(&shared);
+        async move {
+            let me = comm.rank();
+            let mut plain = Vec::new();
+            let mut varied = Vec::new();
+            for root in 0..comm.size() {
+                for (case, &count) in counts.iter().enumerate() {
+                    let data: Vec<T> = values(count, seed(case, me, root));
+                    plain.push(comm.gather(root, &data).await?);
+                    let data: Vec<T> = values(v_count(case, me, root), seed(case, me, root));
+                    varied.push(comm.gatherv(root, &data).await?);
+                }
+            }
+            Ok::<_, Error>((plain, varied))
+        }
+    })
+    .await;
+    for (rank, got) in got.into_iter().enumerate() {
+        let (plain, varied) = got.unwrap_or_else(|e| panic!("n={n} rank={rank}: {e}"));
+        let mut plain = plain.into_iter();
+        let mut varied = varied.into_iter();
+        for root in 0..n {
+            for (case, &count) in counts.iter().enumerate() {
+                let (p, v) = (plain.next().unwrap(), varied.next().unwrap());
+                if rank != root {
+                    assert!(p.is_none() && v.is_none(), "n={n} root={root} rank={rank}");
+                    continue;
+                }
+                let want: Vec<T> = (0..n)
+                    .flat_map(|r| values::<T>(count, seed(case, r, root)))
+                    .collect();
+                assert_eq!(p.unwrap(), want, "gather n={n} root={root} count={count}");
+                let want: Vec<Vec<T>> = (0..n)
+                    .map(|r| values(v_count(case, r, root), seed(case, r, root)))
+                    .collect();
+                assert_eq!(v.unwrap(), want, "gatherv n={n} root={root} case={case}");
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gather_and_gatherv_at_every_root() {
+    for n in sizes() {
+        check_gathers::<u8>(n, &[0, 1, 7]).await;
+        check_gathers::<f64>(n, &[3, 300]).await;
+    }
+}
+
+async fn check_scatters<T: Sample>(n: usize, counts: &[usize]) {
+    let counts = Arc::new(counts.to_vec());
+    let shared = Arc::clone(&counts);
+    let got = job(n, &tuned(|_| {}), move |comm| {
+        let counts = Arc::clone(&shared);
+        async move {
+            let (me, n) = (comm.rank(), comm.size());
+            let mut out = Vec::new();
+            for root in 0..n {
+                for (case, &count) in counts.iter().enumerate() {
+                    let (data, blocks): (Vec<T>, Vec<Vec<T>>) = if me == root {
+                        (
+                            (0..n)
+                                .flat_map(|r| values::<T>(count, seed(case, root, r)))
+                                .collect(),
+                            (0..n)
+                                .map(|r| values(v_count(case, r, root), seed(case, root, r)))
+                                .collect(),
+                        )
+                    } else {
+                        (Vec::new(), Vec::new())
+                    };
+                    out.push(comm.scatter(root, &data).await?);
+                    out.push(comm.scatterv(root, blocks).await?);
+                }
+            }
+            Ok::<_, Error>(out)
+        }
+    })
+    .await;
+    for (rank, got) in got.into_iter().enumerate() {
+        let mut got = got
+            .unwrap_or_else(|e| panic!("n={n} rank={rank}: {e}"))
+            .into_iter();
+        for root in 0..n {
+            for (case, &count) in counts.iter().enumerate() {
+                let want: Vec<T> = values(count, seed(case, root, rank));
+                assert_eq!(
+                    got.next().unwrap(),
+                    want,
+                    "scatter n={n} root={root} rank={rank}"
+                );
+                let want: Vec<T> = values(v_count(case, rank, root), seed(case, root, rank));
+                assert_eq!(
+                    got.next().unwrap(),
+                    want,
+                    "scatterv n={n} root={root} rank={rank}"
+                );
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scatter_and_scatterv_from_every_root() {
+    for n in sizes() {
+        check_scatters::<u8>(n, &[0, 1, 7]).await;
+        check_scatters::<u32>(n, &[3, 300]).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gather_with_differing_counts_fails_at_the_root() {
+    for n in [2, 3, 5, 8] {
+        for root in [0, n - 1] {
+            let got = job_within(
+                n,
+                &Config::default(),
+                Duration::from_secs(10),
+                move |comm| {
+                    let count = if comm.rank() == 1 { 4 } else { 3 };
+                    async move { comm.gather(root, &vec![7u32; count]).await }
+                },
+            )
+            .await;
+            for (rank, g) in got.into_iter().enumerate() {
+                if rank == root {
+                    assert!(
+                        matches!(g, Err(Error::InvalidArgument(_))),
+                        "n={n} root={root}: {g:?}"
+                    );
+                } else {
+                    assert_eq!(g, Ok(None), "n={n} root={root} rank={rank}");
+                }
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rooted_collectives_reject_an_invalid_root() {
+    let got = job(3, &Config::default(), |comm| async move {
+        let bad = Error::InvalidRank { rank: 3, size: 3 };
+        assert_eq!(comm.gather(3, &[1u8]).await, Err(bad.clone()));
+        assert_eq!(comm.gatherv(3, &[1u8]).await, Err(bad.clone()));
+        assert_eq!(comm.scatter(3, &[1u8, 2, 3]).await, Err(bad.clone()));
+        assert_eq!(comm.scatterv(3, vec![vec![1u8]; 3]).await, Err(bad.clone()));
+        assert_eq!(
+            comm.broadcast(7, Bytes::new()).await,
+            Err(Error::InvalidRank { rank: 7, size: 3 })
+        );
+        // The rejected calls kept the ranks in step: the next collective still works.
+        comm.gather(0, &[comm.rank() as u8]).await
+    })
+    .await;
+    assert_eq!(got[0], Ok(Some(vec![0, 1, 2])));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Allgather
+
+async fn check_allgathers<T: Sample>(n: usize, config: &Config, counts: &[usize]) {
+    let counts = Arc::new(counts.to_vec());
+    let shared = Arc::clone(&counts);
+    let got = job(n, config, move |comm| {
+        let counts = Arc::clone(&shared);
+        async move {
+            let me = comm.rank();
+            let mut plain = Vec::new();
+            let mut varied = Vec::new();
+            for (case, &count) in counts.iter().enumerate() {
+                let data: Vec<T> = values(count, seed(case, me, 0));
+                plain.push(comm.all_gather(&data).await?);
+                let data: Vec<T> = values(v_count(case, me, 0), seed(case, me, 1));
+                varied.push(comm.all_gatherv(&data).await?);
+            }
+            Ok::<_, Error>((plain, varied))
+        }
+    })
+    .await;
+    for (rank, got) in got.into_iter().enumerate() {
+        let (plain, varied) = got.unwrap_or_else(|e| panic!("n={n} rank={rank}: {e}"));
+        for (case, &count) in counts.iter().enumerate() {
+            let want: Vec<T> = (0..n)
+                .flat_map(|r| values::<T>(count, seed(case, r, 0)))
+                .collect();
+            assert_eq!(
+                plain[case], want,
+                "all_gather n={n} count={count} rank={rank}"
+            );
+            let want: Vec<Vec<T>> = (0..n)
+                .map(|r| values(v_count(case, r, 0), seed(case, r, 1)))
+                .collect();
+            assert_eq!(
+                varied[case], want,
+                "all_gatherv n={n} case={case} rank={rank}"
+            );
+        }
+    }
+}
+
+fn allgather_configs() -> Vec<Config> {
+    [
+        Some(AllgatherAlgorithm::RecursiveDoubling),
+        Some(AllgatherAlgorithm::Bruck),
+        Some(AllgatherAlgorithm::Ring),
+        None,
+    ]
+    .into_iter()
+    .map(|algorithm| {
+        tuned(|t| {
+            t.allgather = algorithm;
+            t.allgather_large = 2000;
+        })
+    })
+    .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_gather_by_every_algorithm() {
+    for config in &allgather_configs() {
+        for n in sizes() {
+            check_allgathers::<u32>(n, config, &[0, 1, 3, 101]).await;
+            check_allgathers::<u8>(n, config, &[1, 7]).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_gather_of_large_blocks() {
+    let mut configs = allgather_configs();
+    configs.push(Config::default());
+    for config in &configs {
+        for n in [3, 4, 6] {
+            check_allgathers::<f64>(n, config, &[25_000]).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_gather_with_differing_counts_fails_everywhere() {
+    for config in &allgather_configs() {
+        for n in [2, 3, 4, 5, 8] {
+            let got = job_within(n, config, Duration::from_secs(10), |comm| {
+                let count = if comm.rank() == 1 { 5 } else { 4 };
+                async move { comm.all_gather(&vec![1u32; count]).await }
+            })
+            .await;
+            for (rank, g) in got.into_iter().enumerate() {
+                assert!(
+                    matches!(g, Err(Error::InvalidArgument(_))),
+                    "n={n} rank={rank} {:?}: {g:?}",
+                    config.collectives.allgather
+                );
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Alltoall
+
+/// Length of the block rank `from` sends rank `to` in all_to_allv case `case`.
+fn v_len(case: usize, from: usize, to: usize) -> usize {
+    (from * 7 + to * 3 + case) % 5
+}
+
+async fn check_alltoalls<T: Sample>(n: usize, config: &Config, counts: &[usize]) {
+    let counts = Arc::new(counts.to_vec());
+    let shared = Arc::clone(&counts);
+    let got = job(n, config, move |comm| {
+        let counts = Arc::clone(&shared);
+        async move {
+            let (me, n) = (comm.rank(), comm.size());
+            let mut plain = Vec::new();
+            let mut varied = Vec::new();
+            for (case, &count) in counts.iter().enumerate() {
+                let data: Vec<T> = (0..n)
+                    .flat_map(|to| values::<T>(count, seed(case, me, to)))
+                    .collect();
+                plain.push(comm.all_to_all(&data).await?);
+                let blocks: Vec<Vec<T>> = (0..n)
+                    .map(|to| values(v_len(case, me, to), seed(case, me, to)))
+                    .collect();
+                varied.push(comm.all_to_allv(blocks).await?);
+            }
+            Ok::<_, Error>((plain, varied))
+        }
+    })
+    .await;
+    for (rank, got) in got.into_iter().enumerate() {
+        let (plain, varied) = got.unwrap_or_else(|e| panic!("n={n} rank={rank}: {e}"));
+        for (case, &count) in counts.iter().enumerate() {
+            let want: Vec<T> = (0..n)
+                .flat_map(|from| values::<T>(count, seed(case, from, rank)))
+                .collect();
+            assert_eq!(
+                plain[case], want,
+                "all_to_all n={n} count={count} rank={rank}"
+            );
+            let want: Vec<Vec<T>> = (0..n)
+                .map(|from| values(v_len(case, from, rank), seed(case, from, rank)))
+                .collect();
+            assert_eq!(
+                varied[case], want,
+                "all_to_allv n={n} case={case} rank={rank}"
+            );
+        }
+    }
+}
+
+fn alltoall_configs() -> Vec<Config> {
+    [
+        Some(AlltoallAlgorithm::Bruck),
+        Some(AlltoallAlgorithm::Pairwise),
+        None,
+    ]
+    .into_iter()
+    .map(|algorithm| tuned(|t| t.alltoall = algorithm))
+    .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_to_all_by_every_algorithm() {
+    for config in &alltoall_configs() {
+        for n in sizes() {
+            // 100 u32s are 400 bytes per block: pairwise under the automatic choice.
+            check_alltoalls::<u32>(n, config, &[0, 1, 3, 100]).await;
+            check_alltoalls::<f64>(n, config, &[2]).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_to_all_of_large_blocks() {
+    let mut configs = alltoall_configs();
+    configs.push(Config::default());
+    for config in &configs {
+        for n in [3, 4, 5] {
+            check_alltoalls::<u8>(n, config, &[70_001]).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_to_all_with_differing_counts_fails_everywhere() {
+    for config in &alltoall_configs() {
+        for n in [2, 3, 4, 5, 8] {
+            let got = job_within(n, config, Duration::from_secs(10), |comm| {
+                let per_block = if comm.rank() == 1 { 2 } else { 1 };
+                let n = comm.size();
+                async move { comm.all_to_all(&vec![1u32; per_block * n]).await }
+            })
+            .await;
+            for (rank, g) in got.into_iter().enumerate() {
+                assert!(
+                    matches!(g, Err(Error::InvalidArgument(_))),
+                    "n={n} rank={rank} {:?}: {g:?}",
+                    config.collectives.alltoall
+                );
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Several at once
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn collectives_started_back_to_back_complete() {
+    let configs = [
+        Config::default(),
+        tuned(|t| {
+            t.bcast = Some(BcastAlgorithm::Chain);
+            t.segment = 1000;
+            t.allgather = Some(AllgatherAlgorithm::Ring);
+            t.alltoall = Some(AlltoallAlgorithm::Bruck);
+        }),
+    ];
+    for config in &configs {
+        for n in [5, 8] {
+            let got = job(n, config, |comm| async move {
+                let (me, n) = (comm.rank(), comm.size());
+                let big = if me == 2 {
+                    pattern(300_000, 2)
+                } else {
+                    Bytes::new()
+                };
+                let small = if me == n - 1 {
+                    pattern(100, 9)
+                } else {
+                    Bytes::new()
+                };
+                // Everything is started before anything is awaited, then awaited in reverse.
+                let first = comm.broadcast(2, big);
+                let second = comm.broadcast(n - 1, small);
+                let gathered = comm.all_gather(&values::<u32>(20_000, me));
+                let exchanged = comm.all_to_all(&values::<u8>(n * 1000, me));
+                let collected = comm.gatherv(0, &values::<f64>(me, me));
+                let scattered = comm.scatter(1, &values::<u32>(n * 3, 1));
+                let scattered = scattered.await?;
+                let collected = collected.await?;
+                let exchanged = exchanged.await?;
+                let gathered = gathered.await?;
+                let second = second.await?;
+                let first = first.await?;
+                Ok::<_, Error>((first, second, gathered, exchanged, collected, scattered))
+            })
+            .await;
+            for (rank, g) in got.into_iter().enumerate() {
+                let (first, second, gathered, exchanged, collected, scattered) =
+                    g.unwrap_or_else(|e| panic!("n={n} rank={rank}: {e}"));
+                assert!(first == pattern(300_000, 2), "n={n} rank={rank}");
+                assert_eq!(second, pattern(100, 9));
+                let want: Vec<u32> = (0..n).flat_map(|r| values::<u32>(20_000, r)).collect();
+                assert!(gathered == want, "all_gather n={n} rank={rank}");
+                let want: Vec<u8> = (0..n)
+                    .flat_map(|from| values::<u8>(n * 1000, from)[rank * 1000..][..1000].to_vec())
+                    .collect();
+                assert!(exchanged == want, "all_to_all n={n} rank={rank}");
+                let want = (rank == 0).then(|| (0..n).map(|r| values::<f64>(r, r)).collect());
+                assert_eq!(collected, want);
+                assert_eq!(scattered, values::<u32>(n * 3, 1)[rank * 3..][..3].to_vec());
+            }
+        }
+    }
+}

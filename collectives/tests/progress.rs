@@ -1,0 +1,183 @@
+//! How collectives run, rather than what they compute: progress without the caller polling
+//! (skew tolerance), several collectives in flight on several communicators, dropped futures,
+//! and every collective on 256 in-process ranks.
+
+use std::time::{Duration, Instant};
+
+use rankweave_collectives::{Collectives, Op, UserOp};
+use rankweave_core::tuning::BcastAlgorithm;
+use rankweave_core::{Config, Error};
+
+mod common;
+use common::job_with;
+
+/// Yu's skew tolerance: rank 2 is rank 3's parent in the binomial tree from root 0. It starts
+/// the broadcast, then does something else for a long time before it looks at the result. Rank
+/// 3 must not wait for that: the collective forwards without being polled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_poller_does_not_hold_up_its_subtree() {
+    let mut config = Config::default();
+    config.collectives.bcast = Some(BcastAlgorithm::Binomial);
+    let late = Duration::from_millis(1500);
+    let times = job_with(4, &config, move |comm| async move {
+        let t0 = Instant::now();
+        let data = if comm.rank() == 0 {
+            vec![7u8; 1000]
+        } else {
+            Vec::new()
+        };
+        let op = comm.broadcast(0, data);
+        if comm.rank() == 2 {
+            tokio::time::sleep(late).await; // not polling `op`
+        }
+        let got = op.await?;
+        assert_eq!(&got[..], &[7u8; 1000][..]);
+        Ok::<_, Error>(t0.elapsed())
+    })
+    .await;
+    let times: Vec<Duration> = times.into_iter().map(Result::unwrap).collect();
+    assert!(times[2] >= late);
+    assert!(
+        times[3] < late / 3,
+        "rank 3 waited {:?} for its late parent",
+        times[3]
+    );
+}
+
+/// Several collectives started before any is awaited, on the world, a duplicate of it and a
+/// split of it, all complete with the right results.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn collectives_in_flight_on_several_communicators() {
+    for n in [2, 5, 8] {
+        let results = job_with(n, &Config::default(), move |world| async move {
+            let me = world.rank();
+            let twin = world.dup().await?;
+            let half = world
+                .split(Some((me % 2) as u32), me as i32)
+                .await?
+                .expect("every rank has a color");
+            // Started in this order on every rank; awaited in another order.
+            let sum = world.all_reduce(&[me as u64, 1], Op::Sum);
+            let bcast = twin.broadcast(n - 1, vec![me as u8; 3]);
+            let gathered = half.all_gather(&[me as u32]);
+            let barrier = twin.barrier();
+            let max = half.all_reduce(&[me as i32], Op::Max);
+            let scanned = world.scan(&[1u64], Op::Sum);
+            let max = max.await?;
+            barrier.await?;
+            let gathered = gathered.await?;
+            let bcast = bcast.await?;
+            let sum = sum.await?;
+            let scanned = scanned.await?;
+            Ok::<_, Error>((sum, bcast, gathered, max, scanned))
+        })
+        .await;
+        let total: u64 = (0..n as u64).sum();
+        for (me, r) in results.into_iter().enumerate() {
+            let (sum, bcast, gathered, max, scanned) = r.unwrap();
+            assert_eq!(sum, [total, n as u64]);
+            assert_eq!(&bcast[..], &[(n - 1) as u8; 3][..]);
+            let same_half: Vec<u32> = (0..n as u32).filter(|r| r % 2 == me as u32 % 2).collect();
+            assert_eq!(gathered, same_half);
+            assert_eq!(max, [*same_half.last().unwrap() as i32]);
+            assert_eq!(scanned, [me as u64 + 1]);
+        }
+    }
+}
+
+/// A dropped collective future does not withdraw the rank's part: the others still finish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_a_collective_future_does_not_cancel_it() {
+    let results = job_with(6, &Config::default(), |comm| async move {
+        let data = if comm.rank() == 0 {
+            b"still delivered".to_vec()
+        } else {
+            Vec::new()
+        };
+        let op = comm.broadcast(0, data);
+        if comm.rank() == 1 {
+            // Rank 1 forwards to ranks 3 and 5 in the binomial tree; it loses interest.
+            drop(op);
+            comm.barrier().await?;
+            return Ok(None);
+        }
+        let got = op.await?;
+        comm.barrier().await?;
+        Ok::<_, Error>(Some(got))
+    })
+    .await;
+    for (r, got) in results.into_iter().enumerate() {
+        match got.unwrap() {
+            Some(b) => assert_eq!(&b[..], b"still delivered", "rank {r}"),
+            None => assert_eq!(r, 1),
+        }
+    }
+}
+
+/// Every collective on 256 ranks, checked against what it must compute.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_collective_on_256_ranks() {
+    let n = 256;
+    let results = job_with(n, &Config::default(), move |comm| async move {
+        let me = comm.rank();
+        let root = 97;
+        comm.barrier().await?;
+        let b = comm.broadcast(root, vec![me as u8; 300]).await?;
+        assert_eq!(&b[..], &[root as u8; 300][..]);
+        let r = comm.reduce(root, &[me as u64, 1], Op::Sum).await?;
+        assert_eq!(r.is_some(), me == root);
+        let a = comm.all_reduce(&[me as u32], Op::Max).await?;
+        assert_eq!(a, [n as u32 - 1]);
+        let g = comm.gather(root, &[me as u16]).await?;
+        if let Some(g) = &g {
+            assert_eq!(*g, (0..n as u16).collect::<Vec<_>>());
+        }
+        let s = comm
+            .scatter(root, &(0..2 * n as u32).collect::<Vec<_>>())
+            .await?;
+        assert_eq!(s, [2 * me as u32, 2 * me as u32 + 1]);
+        let ag = comm.all_gather(&[me as u32]).await?;
+        assert_eq!(ag, (0..n as u32).collect::<Vec<_>>());
+        let sendbuf: Vec<u32> = (0..n as u32).map(|d| (me as u32) * 1000 + d).collect();
+        let at = comm.all_to_all(&sendbuf).await?;
+        let expect: Vec<u32> = (0..n as u32).map(|s| s * 1000 + me as u32).collect();
+        assert_eq!(at, expect);
+        let rs = comm.reduce_scatter(&vec![1u32; 2 * n], Op::Sum).await?;
+        assert_eq!(rs, [n as u32, n as u32]);
+        // Affine maps x ↦ a·x + b composed in rank order: not commutative.
+        let compose = UserOp::non_commutative(|lower: &[u64], inout: &mut [u64]| {
+            for (l, o) in lower.chunks_exact(2).zip(inout.chunks_exact_mut(2)) {
+                let (a, b, c, d) = (l[0], l[1], o[0], o[1]);
+                o[0] = a.wrapping_mul(c);
+                o[1] = a.wrapping_mul(d).wrapping_add(b);
+            }
+        });
+        let mine = [me as u64 % 3 + 1, me as u64];
+        let sc = comm.scan(&mine, compose.clone()).await?;
+        let ex = comm.exscan(&mine, compose).await?;
+        Ok::<_, Error>((r, sc, ex))
+    })
+    .await;
+    // Sequential reference of the affine composition.
+    let fold = |upto: usize| {
+        (0..upto).fold((1u64, 0u64), |(a, b), r| {
+            let (c, d) = (r as u64 % 3 + 1, r as u64);
+            (a.wrapping_mul(c), a.wrapping_mul(d).wrapping_add(b))
+        })
+    };
+    for (me, res) in results.into_iter().enumerate() {
+        let (r, sc, ex) = res.unwrap();
+        if let Some(r) = r {
+            assert_eq!(r, [(0..n as u64).sum::<u64>(), n as u64]);
+        }
+        let (a, b) = fold(me + 1);
+        assert_eq!(sc, [a, b], "scan at rank {me}");
+        match ex {
+            None => assert_eq!(me, 0),
+            Some(ex) => {
+                let (a, b) = fold(me);
+                assert_eq!(ex, [a, b], "exscan at rank {me}");
+            }
+        }
+    }
+}

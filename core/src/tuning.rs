@@ -1,0 +1,250 @@
+//! [`CollectiveTuning`]: which algorithm each collective uses, and the size thresholds of the
+//! automatic choice. Part of [`Config`](crate::Config), so every setting has a typed default and
+//! a `RANKWEAVE_*` override; the algorithms themselves live in `rankweave-collectives`.
+//!
+//! | variable | values | default |
+//! |---|---|---|
+//! | `RANKWEAVE_BCAST` | `auto`, `binomial`, `scatter_allgather`, `chain` | `auto` |
+//! | `RANKWEAVE_ALLREDUCE` | `auto`, `recursive_doubling`, `rabenseifner`, `ring` | `auto` |
+//! | `RANKWEAVE_ALLGATHER` | `auto`, `recursive_doubling`, `bruck`, `ring` | `auto` |
+//! | `RANKWEAVE_ALLTOALL` | `auto`, `bruck`, `pairwise` | `auto` |
+//! | `RANKWEAVE_BCAST_LARGE` | bytes | 12 KiB: scatter + allgather from here (on more than 2 ranks) |
+//! | `RANKWEAVE_BCAST_CHAIN` | bytes | 4 MiB: pipelined chain from here |
+//! | `RANKWEAVE_ALLREDUCE_LARGE` | bytes | 64 KiB: reduce-scatter + allgather from here |
+//! | `RANKWEAVE_ALLGATHER_LARGE` | bytes (total gathered) | 512 KiB: ring from here |
+//! | `RANKWEAVE_ALLTOALL_LARGE` | bytes (per destination) | 256 B: pairwise exchange from here |
+//! | `RANKWEAVE_SEGMENT` | bytes | 128 KiB: pipeline segment of the chain broadcast |
+
+use crate::config::parse_size;
+use crate::error::ConfigError;
+
+/// Broadcast algorithms.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BcastAlgorithm {
+    /// Binomial tree: ⌈log₂ n⌉ rounds, the whole message each time. Best for small messages.
+    Binomial,
+    /// Scatter along a binomial tree, then a ring allgather (van de Geijn): about 2× the
+    /// message per rank whatever `n`. Best for large messages.
+    ScatterAllgather,
+    /// Pipelined chain: segments flow rank to rank, so each link carries the message once.
+    /// Best for very large messages.
+    Chain,
+}
+
+/// Allreduce algorithms.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AllreduceAlgorithm {
+    /// Recursive doubling: ⌈log₂ n⌉ exchanges of the whole vector. Best for small vectors.
+    RecursiveDoubling,
+    /// Rabenseifner: recursive-halving reduce-scatter, then recursive-doubling allgather.
+    Rabenseifner,
+    /// Ring: reduce-scatter and allgather around a ring, 2(n−1) steps of 1/n of the vector.
+    Ring,
+}
+
+/// Allgather algorithms.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AllgatherAlgorithm {
+    /// Recursive doubling (power-of-two sizes; others use Bruck).
+    RecursiveDoubling,
+    /// Bruck: ⌈log₂ n⌉ rounds for any `n`.
+    Bruck,
+    /// Ring: n − 1 steps of one block each. Best for large blocks.
+    Ring,
+}
+
+/// Alltoall algorithms.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AlltoallAlgorithm {
+    /// Bruck: ⌈log₂ n⌉ rounds, blocks forwarded through intermediate ranks. Best for small
+    /// blocks.
+    Bruck,
+    /// Pairwise exchange: n − 1 steps, each with one partner. Best for large blocks.
+    Pairwise,
+}
+
+/// Algorithm choices and thresholds of the collectives (see the [module docs](self)).
+/// `None` in an algorithm field means automatic choice by size.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CollectiveTuning {
+    /// `RANKWEAVE_BCAST`.
+    pub bcast: Option<BcastAlgorithm>,
+    /// `RANKWEAVE_ALLREDUCE`.
+    pub allreduce: Option<AllreduceAlgorithm>,
+    /// `RANKWEAVE_ALLGATHER`.
+    pub allgather: Option<AllgatherAlgorithm>,
+    /// `RANKWEAVE_ALLTOALL`.
+    pub alltoall: Option<AlltoallAlgorithm>,
+    /// `RANKWEAVE_BCAST_LARGE`: broadcasts of at least this many bytes use scatter + allgather
+    /// (on more than 2 ranks; on 2 a binomial tree is a single send).
+    pub bcast_large: usize,
+    /// `RANKWEAVE_BCAST_CHAIN`: broadcasts of at least this many bytes use the pipelined chain.
+    pub bcast_chain: usize,
+    /// `RANKWEAVE_ALLREDUCE_LARGE`: allreduces of at least this many bytes use reduce-scatter +
+    /// allgather (Rabenseifner).
+    pub allreduce_large: usize,
+    /// `RANKWEAVE_ALLGATHER_LARGE`: allgathers collecting at least this many bytes in all use
+    /// the ring.
+    pub allgather_large: usize,
+    /// `RANKWEAVE_ALLTOALL_LARGE`: alltoalls with blocks of at least this many bytes use
+    /// pairwise exchange.
+    pub alltoall_large: usize,
+    /// `RANKWEAVE_SEGMENT`: segment size of pipelined algorithms (the chain broadcast).
+    pub segment: usize,
+}
+
+impl Default for CollectiveTuning {
+    fn default() -> Self {
+        CollectiveTuning {
+            bcast: None,
+            allreduce: None,
+            allgather: None,
+            alltoall: None,
+            bcast_large: 12 * 1024,
+            bcast_chain: 4 << 20,
+            allreduce_large: 64 * 1024,
+            allgather_large: 512 * 1024,
+            alltoall_large: 256,
+            segment: 128 * 1024,
+        }
+    }
+}
+
+fn choice<T: Copy>(
+    variable: &str,
+    value: &str,
+    names: &[(&str, T)],
+) -> Result<Option<T>, ConfigError> {
+    let v = value.trim().to_ascii_lowercase().replace('-', "_");
+    if v == "auto" {
+        return Ok(None);
+    }
+    names
+        .iter()
+        .find(|(n, _)| *n == v)
+        .map(|(_, t)| Some(*t))
+        .ok_or_else(|| ConfigError {
+            variable: variable.into(),
+            value: value.into(),
+            expected: format!(
+                "auto or one of: {}",
+                names.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
+            ),
+        })
+}
+
+impl CollectiveTuning {
+    /// Applies the `RANKWEAVE_*` variables `get` finds (empty values are absent).
+    pub fn apply_env(&mut self, get: &dyn Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
+        use AllgatherAlgorithm as G;
+        use AllreduceAlgorithm as R;
+        use AlltoallAlgorithm as A;
+        use BcastAlgorithm as B;
+        if let Some(v) = get("RANKWEAVE_BCAST") {
+            self.bcast = choice(
+                "RANKWEAVE_BCAST",
+                &v,
+                &[
+                    ("binomial", B::Binomial),
+                    ("scatter_allgather", B::ScatterAllgather),
+                    ("chain", B::Chain),
+                ],
+            )?;
+        }
+        if let Some(v) = get("RANKWEAVE_ALLREDUCE") {
+            self.allreduce = choice(
+                "RANKWEAVE_ALLREDUCE",
+                &v,
+                &[
+                    ("recursive_doubling", R::RecursiveDoubling),
+                    ("rabenseifner", R::Rabenseifner),
+                    ("ring", R::Ring),
+                ],
+            )?;
+        }
+        if let Some(v) = get("RANKWEAVE_ALLGATHER") {
+            self.allgather = choice(
+                "RANKWEAVE_ALLGATHER",
+                &v,
+                &[
+                    ("recursive_doubling", G::RecursiveDoubling),
+                    ("bruck", G::Bruck),
+                    ("ring", G::Ring),
+                ],
+            )?;
+        }
+        if let Some(v) = get("RANKWEAVE_ALLTOALL") {
+            self.alltoall = choice(
+                "RANKWEAVE_ALLTOALL",
+                &v,
+                &[("bruck", A::Bruck), ("pairwise", A::Pairwise)],
+            )?;
+        }
+        let sizes: [(&str, &mut usize); 6] = [
+            ("RANKWEAVE_BCAST_LARGE", &mut self.bcast_large),
+            ("RANKWEAVE_BCAST_CHAIN", &mut self.bcast_chain),
+            ("RANKWEAVE_ALLREDUCE_LARGE", &mut self.allreduce_large),
+            ("RANKWEAVE_ALLGATHER_LARGE", &mut self.allgather_large),
+            ("RANKWEAVE_ALLTOALL_LARGE", &mut self.alltoall_large),
+            ("RANKWEAVE_SEGMENT", &mut self.segment),
+        ];
+        for (name, field) in sizes {
+            if let Some(v) = get(name) {
+                *field = parse_size(name, &v)?;
+            }
+        }
+        if self.segment == 0 {
+            return Err(ConfigError {
+                variable: "RANKWEAVE_SEGMENT".into(),
+                value: "0".into(),
+                expected: "at least 1 byte".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(vars: &[(&str, &str)]) -> Result<CollectiveTuning, ConfigError> {
+        let mut t = CollectiveTuning::default();
+        let vars: Vec<(String, String)> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        t.apply_env(&|name| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone()))?;
+        Ok(t)
+    }
+
+    #[test]
+    fn algorithms_and_thresholds_from_the_environment() {
+        let t = with(&[
+            ("RANKWEAVE_BCAST", "scatter-allgather"),
+            ("RANKWEAVE_ALLREDUCE", "Ring"),
+            ("RANKWEAVE_ALLGATHER", "auto"),
+            ("RANKWEAVE_ALLTOALL", "pairwise"),
+            ("RANKWEAVE_ALLREDUCE_LARGE", "1M"),
+            ("RANKWEAVE_SEGMENT", "8k"),
+        ])
+        .unwrap();
+        assert_eq!(t.bcast, Some(BcastAlgorithm::ScatterAllgather));
+        assert_eq!(t.allreduce, Some(AllreduceAlgorithm::Ring));
+        assert_eq!(t.allgather, None);
+        assert_eq!(t.alltoall, Some(AlltoallAlgorithm::Pairwise));
+        assert_eq!(t.allreduce_large, 1 << 20);
+        assert_eq!(t.segment, 8192);
+    }
+
+    #[test]
+    fn bad_values_name_the_variable_and_the_choices() {
+        let e = with(&[("RANKWEAVE_BCAST", "telepathy")]).unwrap_err();
+        assert_eq!(e.variable, "RANKWEAVE_BCAST");
+        assert!(e.expected.contains("binomial"), "{}", e.expected);
+        let e = with(&[("RANKWEAVE_SEGMENT", "0")]).unwrap_err();
+        assert_eq!(e.variable, "RANKWEAVE_SEGMENT");
+        let e = with(&[("RANKWEAVE_ALLTOALL_LARGE", "lots")]).unwrap_err();
+        assert_eq!(e.variable, "RANKWEAVE_ALLTOALL_LARGE");
+    }
+}

@@ -1,0 +1,52 @@
+//! The `collectives` example (every collective checked against a sequential reference) as
+//! multi-process jobs: one process per rank over UDP with the reliability layer, under `rwrun`
+//! (also with injected loss and reordering) and under MPICH's `mpiexec` (PMI-1).
+
+mod common;
+
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use common::{assert_every_rank_reported, example, installed, run_with_deadline};
+
+fn assert_checked(out: &Output, n: usize) {
+    assert_every_rank_reported(out, n, "collective results match the reference");
+}
+
+fn rwrun(n: usize, extra: &[&str]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_rwrun"));
+    cmd.args(["-n", &n.to_string(), "--no-tag-output", "--timeout", "170"])
+        .args(extra)
+        .arg("--")
+        .arg(example("collectives"));
+    run_with_deadline(cmd, Duration::from_secs(180))
+}
+
+#[test]
+fn every_collective_under_rwrun_on_3_and_4_processes() {
+    for n in [3, 4] {
+        assert_checked(&rwrun(n, &[]), n);
+    }
+}
+
+#[test]
+fn every_collective_under_rwrun_with_loss_and_reordering() {
+    assert_checked(
+        &rwrun(
+            3,
+            &["--chaos", "loss=0.01,corrupt=0.005,reorder=0.02,seed=7"],
+        ),
+        3,
+    );
+}
+
+#[test]
+fn every_collective_under_mpiexec_mpich() {
+    if !installed("mpiexec.mpich") {
+        eprintln!("skipped: mpiexec.mpich not installed (apt-get install mpich)");
+        return;
+    }
+    let mut cmd = Command::new("mpiexec.mpich");
+    cmd.args(["-n", "3"]).arg(example("collectives"));
+    assert_checked(&run_with_deadline(cmd, Duration::from_secs(180)), 3);
+}
