@@ -19,7 +19,8 @@ use tokio::task::JoinHandle;
 
 type BoxedRun<T> = Pin<Box<dyn Future<Output = Result<T, Error>> + Send + 'static>>;
 
-/// A collective in progress (see the [module docs](self)). Resolves to the collective's result.
+/// A collective in progress: it runs whether or not this future is polled, and dropping the
+/// future does not cancel it. Resolves to the collective's result.
 #[must_use = "the collective runs anyway; await the future for its result"]
 pub struct CollectiveOp<T> {
     state: State<T>,
