@@ -62,6 +62,15 @@ pub trait Reducible: bytemuck::Pod + Send + Sync + 'static {
     fn apply(op: Op, lower: &[Self], inout: &mut [Self]);
 }
 
+/// `inout[i] = f(lower[i], inout[i])`. Generic over `f` (not a function pointer), so each
+/// operation's loop is compiled on its own and vectorizes.
+#[inline(always)]
+fn zip_apply<T: Copy>(lower: &[T], inout: &mut [T], f: impl Fn(T, T) -> T) {
+    for (o, l) in inout.iter_mut().zip(lower) {
+        *o = f(*l, *o);
+    }
+}
+
 macro_rules! reducible_int {
     ($($t:ty),*) => {$(
         impl Reducible for $t {
@@ -69,19 +78,16 @@ macro_rules! reducible_int {
                 true
             }
             fn apply(op: Op, lower: &[Self], inout: &mut [Self]) {
-                let f: fn($t, $t) -> $t = match op {
-                    Op::Sum => <$t>::wrapping_add,
-                    Op::Product => <$t>::wrapping_mul,
-                    Op::Min => |a, b| a.min(b),
-                    Op::Max => |a, b| a.max(b),
-                    Op::BitAnd => |a, b| a & b,
-                    Op::BitOr => |a, b| a | b,
-                    Op::BitXor => |a, b| a ^ b,
-                    Op::LogicalAnd => |a, b| (a != 0 && b != 0) as $t,
-                    Op::LogicalOr => |a, b| (a != 0 || b != 0) as $t,
-                };
-                for (o, l) in inout.iter_mut().zip(lower) {
-                    *o = f(*l, *o);
+                match op {
+                    Op::Sum => zip_apply(lower, inout, <$t>::wrapping_add),
+                    Op::Product => zip_apply(lower, inout, <$t>::wrapping_mul),
+                    Op::Min => zip_apply(lower, inout, |a, b| a.min(b)),
+                    Op::Max => zip_apply(lower, inout, |a, b| a.max(b)),
+                    Op::BitAnd => zip_apply(lower, inout, |a, b| a & b),
+                    Op::BitOr => zip_apply(lower, inout, |a, b| a | b),
+                    Op::BitXor => zip_apply(lower, inout, |a, b| a ^ b),
+                    Op::LogicalAnd => zip_apply(lower, inout, |a, b| (a != 0 && b != 0) as $t),
+                    Op::LogicalOr => zip_apply(lower, inout, |a, b| (a != 0 || b != 0) as $t),
                 }
             }
         }
@@ -99,15 +105,12 @@ macro_rules! reducible_float {
                 matches!(op, Op::Sum | Op::Product | Op::Min | Op::Max)
             }
             fn apply(op: Op, lower: &[Self], inout: &mut [Self]) {
-                let f: fn($t, $t) -> $t = match op {
-                    Op::Sum => |a, b| a + b,
-                    Op::Product => |a, b| a * b,
-                    Op::Min => <$t>::min,
-                    Op::Max => <$t>::max,
-                    _ => return,
-                };
-                for (o, l) in inout.iter_mut().zip(lower) {
-                    *o = f(*l, *o);
+                match op {
+                    Op::Sum => zip_apply(lower, inout, |a, b| a + b),
+                    Op::Product => zip_apply(lower, inout, |a, b| a * b),
+                    Op::Min => zip_apply(lower, inout, <$t>::min),
+                    Op::Max => zip_apply(lower, inout, <$t>::max),
+                    _ => {}
                 }
             }
         }
