@@ -24,7 +24,7 @@ use rankweave_core::tuning::AllgatherAlgorithm;
 
 use crate::Element;
 use crate::ctx::{Ctx, encode_blocks, to_bytes, to_vec};
-use crate::gather::{await_all, concat_equal_blocks, decode_expected_blocks, powers_of_two_below};
+use crate::ctx::{await_all, concat_equal_blocks, decode_expected_blocks, powers_of_two_below};
 
 pub(crate) async fn all_gather<T: Element>(cx: Ctx, data: Vec<T>) -> Result<Vec<T>, Error> {
     let count = data.len();

@@ -24,8 +24,8 @@ use bytes::{BufMut, Bytes, BytesMut};
 use rankweave_core::tuning::BcastAlgorithm;
 use rankweave_core::{Error, SendOp};
 
-use crate::ctx::Ctx;
-use crate::gather::await_all;
+use crate::ctx::{Ctx, await_all};
+use crate::tree::BinomialTree;
 
 const HEADER_LEN: usize = 16;
 /// Longest broadcast a header may announce (1 TiB); more is a corrupt header.
@@ -352,105 +352,9 @@ impl Blocks {
     }
 }
 
-/// A rank's place in the binomial tree rooted at `root`, over ranks renumbered relative to the
-/// root (relative rank = (rank − root) mod n). The parent of relative rank r is r with its lowest
-/// set bit cleared; its children are r + 2^k for every 2^k below that bit (below n for the
-/// root), and the subtree of r is the contiguous relative range r .. r + lowbit(r).
-#[derive(Clone, Debug)]
-pub(crate) struct BinomialTree {
-    pub n: usize,
-    pub root: usize,
-    /// This rank's relative rank.
-    pub relative: usize,
-}
-
-/// A child in a [`BinomialTree`]: its rank and the relative ranks of its subtree.
-#[derive(Clone, Debug)]
-pub(crate) struct Child {
-    pub rank: usize,
-    pub relative: Range<usize>,
-}
-
-impl BinomialTree {
-    pub(crate) fn new(cx: &Ctx, root: usize) -> BinomialTree {
-        BinomialTree {
-            n: cx.size,
-            root,
-            relative: (cx.rank + cx.size - root) % cx.size,
-        }
-    }
-
-    /// The rank of relative rank `relative`.
-    pub(crate) fn absolute(&self, relative: usize) -> usize {
-        (relative + self.root) % self.n
-    }
-
-    /// The lowest set bit of the relative rank (past the top of the tree for the root).
-    fn low_bit(&self) -> usize {
-        if self.relative == 0 {
-            self.n.next_power_of_two()
-        } else {
-            self.relative & self.relative.wrapping_neg()
-        }
-    }
-
-    /// The parent's rank; `None` at the root.
-    pub(crate) fn parent(&self) -> Option<usize> {
-        (self.relative != 0).then(|| self.absolute(self.relative - self.low_bit()))
-    }
-
-    /// The relative ranks of this rank's subtree (itself first).
-    pub(crate) fn subtree(&self) -> Range<usize> {
-        self.relative..self.n.min(self.relative + self.low_bit())
-    }
-
-    /// The children in increasing relative rank (so their subtrees follow each other).
-    pub(crate) fn children(&self) -> Vec<Child> {
-        let mut children = Vec::new();
-        let mut mask = 1;
-        while mask < self.low_bit() && self.relative + mask < self.n {
-            let first = self.relative + mask;
-            children.push(Child {
-                rank: self.absolute(first),
-                relative: first..self.n.min(first + mask),
-            });
-            mask <<= 1;
-        }
-        children
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn binomial_subtrees_partition_the_ranks() {
-        for n in 1..40 {
-            for root in [0, n / 2, n - 1] {
-                let trees: Vec<BinomialTree> = (0..n)
-                    .map(|rank| BinomialTree {
-                        n,
-                        root,
-                        relative: (rank + n - root) % n,
-                    })
-                    .collect();
-                for tree in &trees {
-                    // The subtree is the node and its children's subtrees, back to back.
-                    let mut next = tree.relative + 1;
-                    for child in tree.children() {
-                        assert_eq!(child.relative.start, next);
-                        let child_tree = &trees[child.rank];
-                        assert_eq!(child_tree.parent(), Some(tree.absolute(tree.relative)));
-                        assert_eq!(child_tree.subtree(), child.relative);
-                        next = child.relative.end;
-                    }
-                    assert_eq!(next, tree.subtree().end, "n={n} root={root}");
-                }
-                assert_eq!(trees[root].subtree(), 0..n);
-            }
-        }
-    }
 
     #[test]
     fn headers_round_trip_and_reject_garbage() {

@@ -129,6 +129,79 @@ pub(crate) fn decode_blocks(from: usize, data: Bytes) -> Result<Vec<(usize, Byte
     Ok(blocks)
 }
 
+/// Decodes a block set from `from` that must hold exactly the blocks of `ranks`, in that order
+/// (so each in range and present once); anything else is [`Error::Protocol`].
+pub(crate) fn decode_expected_blocks(
+    from: usize,
+    message: Bytes,
+    ranks: impl ExactSizeIterator<Item = usize>,
+) -> Result<Vec<Bytes>, Error> {
+    let blocks = decode_blocks(from, message)?;
+    let bad = |detail: String| Error::Protocol { peer: from, detail };
+    if blocks.len() != ranks.len() {
+        return Err(bad(format!(
+            "{} blocks where {} were expected",
+            blocks.len(),
+            ranks.len()
+        )));
+    }
+    blocks
+        .into_iter()
+        .zip(ranks)
+        .map(|((id, block), expected)| {
+            if id == expected {
+                Ok(block)
+            } else {
+                Err(bad(format!(
+                    "block {id} where block {expected} was expected"
+                )))
+            }
+        })
+        .collect()
+}
+
+/// Concatenates blocks that must each hold `count` elements (the block of rank i at index i);
+/// another count means the ranks disagree about the collective's arguments.
+pub(crate) fn concat_equal_blocks<T: bytemuck::Pod>(
+    blocks: &[Bytes],
+    count: usize,
+) -> Result<Vec<T>, Error> {
+    let elem = std::mem::size_of::<T>();
+    let block_bytes = count * elem;
+    if let Some((rank, block)) = blocks
+        .iter()
+        .enumerate()
+        .find(|(_, b)| b.len() != block_bytes)
+    {
+        if elem != 0 && block.len() % elem != 0 {
+            return Err(Error::Misaligned {
+                len: block.len(),
+                elem,
+            });
+        }
+        return Err(length_mismatch(rank, count, block.len() / elem.max(1)));
+    }
+    let mut out = vec![T::zeroed(); count * blocks.len()];
+    let out_bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut out);
+    for (i, block) in blocks.iter().enumerate() {
+        out_bytes[i * block_bytes..(i + 1) * block_bytes].copy_from_slice(block);
+    }
+    Ok(out)
+}
+
+/// Waits for sends started earlier.
+pub(crate) async fn await_all(sends: Vec<SendOp>) -> Result<(), Error> {
+    for send in sends {
+        send.await?;
+    }
+    Ok(())
+}
+
+/// The powers of two below `n`: the distances (or bits) of the logarithmic algorithms' rounds.
+pub(crate) fn powers_of_two_below(n: usize) -> impl Iterator<Item = usize> {
+    std::iter::successors(Some(1usize), |d| d.checked_mul(2)).take_while(move |&d| d < n)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

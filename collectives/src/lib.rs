@@ -51,6 +51,7 @@ mod reduce_scatter;
 mod scan;
 mod scatter;
 mod started;
+mod tree;
 
 use bytemuck::Pod;
 use bytes::Bytes;

@@ -34,6 +34,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use rankweave_core::{Error, RecvOp, SendOp};
 
 use crate::ctx::{Ctx, length_mismatch, to_vec};
+use crate::tree::BinomialTree;
 use crate::{Element, ReduceOp};
 
 pub(crate) async fn binomial<T: Element>(
@@ -83,22 +84,14 @@ async fn tree<T: Element>(
     root: usize,
     data: Vec<T>,
 ) -> Result<Option<Vec<T>>, Error> {
-    let (n, me) = (reduction.size(), reduction.rank());
-    let relative = (me + n - root) % n;
-    let absolute = |r: usize| (r + root) % n;
-    let mut children = Vec::new();
-    let mut mask = 1;
-    while mask < n && relative & mask == 0 {
-        if relative + mask < n {
-            children.push(absolute(relative + mask));
-        }
-        mask <<= 1;
-    }
+    let tree = BinomialTree::of(reduction.size(), reduction.rank(), root);
     // Post every child's receive now, so their (possibly rendezvous) sends all proceed while the
-    // first ones are combined.
-    let incoming: Vec<Incoming> = children
+    // first ones are combined. Children come in increasing relative rank: each holds the next
+    // contiguous range of higher ranks.
+    let incoming: Vec<Incoming> = tree
+        .children()
         .iter()
-        .map(|&child| reduction.post(child))
+        .map(|child| reduction.post(child.rank))
         .collect();
     let mut acc = data;
     for from_child in incoming {
@@ -106,12 +99,13 @@ async fn tree<T: Element>(
             reduction.combine(&mut acc, child, Side::Higher);
         }
     }
-    if relative == 0 {
-        return Ok(Some(acc));
+    match tree.parent() {
+        None => Ok(Some(acc)),
+        Some(parent) => {
+            reduction.send(parent, &acc).await?;
+            Ok(None)
+        }
     }
-    let parent = absolute(relative - (relative & relative.wrapping_neg()));
-    reduction.send(parent, &acc).await?;
-    Ok(None)
 }
 
 /// Kind byte of a message carrying elements.

@@ -8,9 +8,9 @@
 use rankweave_core::{Error, SendOp};
 
 use crate::Element;
-use crate::broadcast::BinomialTree;
 use crate::ctx::{Ctx, encode_blocks, to_vec};
-use crate::gather::{await_all, decode_expected_blocks};
+use crate::ctx::{await_all, decode_expected_blocks};
+use crate::tree::BinomialTree;
 
 pub(crate) async fn scatterv<T: Element>(
     cx: Ctx,
