@@ -154,3 +154,54 @@ async fn split_communicators_run_their_own_collectives() {
         assert_eq!(data, pattern(100, expected_size as u8));
     }
 }
+
+/// The collectives over shared-memory segments (ranks of this process talking exactly as
+/// processes would): broadcast from every root, all-reduce, all-to-all and barrier, sizes that
+/// go inline, by single copy and across ring wrap-arounds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn collectives_over_shared_memory_match_the_reference() {
+    use rankweave_collectives::Op;
+    let config = rankweave_core::Config {
+        transport: rankweave_core::TransportKind::Shm,
+        ..Default::default()
+    };
+    for n in [1usize, 2, 3, 5, 8] {
+        for len in [0usize, 3, 5000, 300_000] {
+            let got = common::job_with(n, &config, move |comm| async move {
+                let me = comm.rank();
+                let mut bcasts = Vec::new();
+                for root in 0..comm.size() {
+                    let data = if me == root {
+                        pattern(len, root as u8)
+                    } else {
+                        Bytes::new()
+                    };
+                    bcasts.push(comm.broadcast(root, data).await?);
+                }
+                let mine: Vec<u64> = (0..len as u64).map(|i| i * 7 + me as u64).collect();
+                let sum = comm.all_reduce(&mine, Op::Sum).await?;
+                let blocks: Vec<u32> = (0..comm.size() * 4)
+                    .map(|i| (me * 1000 + i) as u32)
+                    .collect();
+                let swapped = comm.all_to_all(&blocks).await?;
+                comm.barrier().await?;
+                Ok::<_, Error>((bcasts, sum, swapped))
+            })
+            .await;
+            for (rank, r) in got.into_iter().enumerate() {
+                let (bcasts, sum, swapped) = r.unwrap();
+                for (root, b) in bcasts.iter().enumerate() {
+                    assert_eq!(b, &pattern(len, root as u8), "n={n} len={len} root={root}");
+                }
+                let want: Vec<u64> = (0..len as u64)
+                    .map(|i| i * 7 * n as u64 + (0..n as u64).sum::<u64>())
+                    .collect();
+                assert_eq!(sum, want, "all_reduce n={n} len={len} rank={rank}");
+                let want: Vec<u32> = (0..n)
+                    .flat_map(|from| (0..4).map(move |k| (from * 1000 + rank * 4 + k) as u32))
+                    .collect();
+                assert_eq!(swapped, want, "all_to_all n={n} rank={rank}");
+            }
+        }
+    }
+}

@@ -38,6 +38,32 @@ pub enum ProgressPolicy {
     Park,
 }
 
+/// Settings of the shared-memory transport.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShmConfig {
+    /// `RANKWEAVE_SHM_RING`: bytes of each ring (one per ordered pair of local ranks that talk);
+    /// a power of two of at least 4 KiB. Default 128 KiB.
+    pub ring_bytes: usize,
+    /// `RANKWEAVE_SHM_INLINE`: frames up to this many bytes (header included) are copied
+    /// through the ring; larger ones go by single copy (or in pieces). Default 16 KiB; capped
+    /// at a quarter of the ring.
+    pub inline_max: usize,
+    /// `RANKWEAVE_SHM_SINGLE_COPY` (`on`/`off`): let receivers read large payloads straight
+    /// from the sender's memory with `process_vm_readv` where the kernel permits it. Off, or
+    /// where it is not permitted, large payloads are pipelined through the ring. Default on.
+    pub single_copy: bool,
+}
+
+impl Default for ShmConfig {
+    fn default() -> Self {
+        ShmConfig {
+            ring_bytes: 128 * 1024,
+            inline_max: 16 * 1024,
+            single_copy: true,
+        }
+    }
+}
+
 /// One entry of [`Config::routes`]: how to find the local address a route binds to. Names and
 /// subnets are resolved against the host's interfaces when the routes are bound.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -102,6 +128,14 @@ pub struct Config {
     /// `RANKWEAVE_SPIN_US`: how long a future busy-polls before parking under
     /// [`ProgressPolicy::SpinThenPark`].
     pub spin: Duration,
+    /// `RANKWEAVE_SPIN_YIELD` (`on`, `off` or `auto`): busy-polling futures give their core
+    /// away (`sched_yield`) between polls instead of spinning on it, so ranks that outnumber
+    /// the cores take turns within microseconds rather than whole scheduler time slices.
+    /// `None` (`auto`): on when the job has more ranks on this host than there are cores
+    /// (decided when a multi-process job starts).
+    pub spin_yield: Option<bool>,
+    /// Shared-memory transport settings (`RANKWEAVE_SHM_*`).
+    pub shm: ShmConfig,
     /// `RANKWEAVE_MAX_FRAME`: cap on a frame's payload; `None` uses the transport's own limit.
     pub max_frame: Option<usize>,
     /// `RANKWEAVE_CHAOS`: faults to inject under the transport (loss, corruption, duplication,
@@ -139,6 +173,8 @@ impl Default for Config {
             unexpected_limit: 64 * 1024 * 1024,
             progress: ProgressPolicy::SpinThenPark,
             spin: Duration::from_micros(50),
+            spin_yield: None,
+            shm: ShmConfig::default(),
             max_frame: None,
             chaos: None,
             reliability: None,
@@ -182,6 +218,27 @@ impl Config {
             })?;
             self.spin = Duration::from_micros(us);
         }
+        if let Some(v) = get("RANKWEAVE_SPIN_YIELD") {
+            self.spin_yield = parse_switch("RANKWEAVE_SPIN_YIELD", &v, true)?;
+        }
+        if let Some(v) = get("RANKWEAVE_SHM_RING") {
+            let n = parse_size("RANKWEAVE_SHM_RING", &v)?;
+            if !n.is_power_of_two() || n < 4096 || u32::try_from(n).is_err() {
+                return Err(ConfigError {
+                    variable: "RANKWEAVE_SHM_RING".into(),
+                    value: v,
+                    expected: "a power of two from 4k to 2g, such as 128k".into(),
+                });
+            }
+            self.shm.ring_bytes = n;
+        }
+        if let Some(v) = get("RANKWEAVE_SHM_INLINE") {
+            self.shm.inline_max = parse_size("RANKWEAVE_SHM_INLINE", &v)?;
+        }
+        if let Some(v) = get("RANKWEAVE_SHM_SINGLE_COPY") {
+            self.shm.single_copy = parse_switch("RANKWEAVE_SHM_SINGLE_COPY", &v, false)?
+                .unwrap_or(ShmConfig::default().single_copy);
+        }
         if let Some(v) = get("RANKWEAVE_MAX_FRAME") {
             let n = parse_size("RANKWEAVE_MAX_FRAME", &v)?;
             if n < 64 {
@@ -197,18 +254,7 @@ impl Config {
             self.chaos = Some(ChaosSpec::parse(&v)?);
         }
         if let Some(v) = get("RANKWEAVE_RELIABILITY") {
-            self.reliability = match v.trim().to_ascii_lowercase().as_str() {
-                "on" | "1" | "true" | "yes" => Some(true),
-                "off" | "0" | "false" | "no" => Some(false),
-                "auto" => None,
-                _ => {
-                    return Err(ConfigError {
-                        variable: "RANKWEAVE_RELIABILITY".into(),
-                        value: v,
-                        expected: "on, off or auto".into(),
-                    });
-                }
-            };
+            self.reliability = parse_switch("RANKWEAVE_RELIABILITY", &v, true)?;
         }
         if let Some(v) = get("RANKWEAVE_ROUTES") {
             self.routes = parse_routes(&v)?;
@@ -290,6 +336,25 @@ fn parse_routes(v: &str) -> Result<Vec<RouteSpec>, ConfigError> {
             }
         })
         .collect()
+}
+
+/// `on`/`off` (and, where `auto_allowed`, `auto` as `None`).
+fn parse_switch(variable: &str, v: &str, auto_allowed: bool) -> Result<Option<bool>, ConfigError> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "on" | "1" | "true" | "yes" => Ok(Some(true)),
+        "off" | "0" | "false" | "no" => Ok(Some(false)),
+        "auto" if auto_allowed => Ok(None),
+        _ => Err(ConfigError {
+            variable: variable.into(),
+            value: v.into(),
+            expected: if auto_allowed {
+                "on, off or auto"
+            } else {
+                "on or off"
+            }
+            .into(),
+        }),
+    }
 }
 
 fn parse_transport(v: &str) -> Result<TransportKind, ConfigError> {

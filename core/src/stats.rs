@@ -64,6 +64,35 @@ pub struct TransportStats {
     pub peers_lost: u64,
     /// Datagrams the carrier refused to send (full socket buffer, …); repaired like losses.
     pub send_errors: u64,
+    /// What the shared-memory transport counted (zero without it).
+    pub shm: ShmCounters,
+}
+
+/// Counters of the shared-memory transport.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ShmCounters {
+    /// Frames sent to local peers (all three ways).
+    pub frames_sent: u64,
+    /// Payload bytes sent to local peers.
+    pub bytes_sent: u64,
+    /// Frames received from local peers.
+    pub frames_received: u64,
+    /// Payload bytes received from local peers.
+    pub bytes_received: u64,
+    /// Frames whose payload the receiver read straight from the sender's memory
+    /// (`process_vm_readv`).
+    pub single_copy_sent: u64,
+    /// Frames too large for one record sent in pieces through the ring (no single copy).
+    pub pipelined_sent: u64,
+    /// Times a record found its ring full and had to wait.
+    pub ring_full: u64,
+    /// Wake-up signals sent to parked peers.
+    pub signals_sent: u64,
+    /// Records or frames from local peers dropped as malformed.
+    pub malformed_dropped: u64,
+    /// Local peers that exited, closed or broke their ring.
+    pub peers_lost: u64,
 }
 
 /// Counters of one route.

@@ -11,13 +11,14 @@ pub mod rwrun;
 use std::future::Future;
 
 use rankweave_core::{Communicator, Config, Error, TransportKind};
-use rankweave_transports::{inproc, udp};
+use rankweave_transports::{inproc, shm, udp};
 
 /// Runs `n` ranks as tokio tasks of this process and returns their results in rank order.
 ///
 /// Each rank gets its world [`Communicator`]; traffic between them goes over the in-process
-/// transport (zero-copy), or with `RANKWEAVE_TRANSPORT=udp` over UDP sockets of their own
-/// (one per route in `RANKWEAVE_ROUTES`). With `RANKWEAVE_RELIABILITY=on` or a
+/// transport (zero-copy), with `RANKWEAVE_TRANSPORT=udp` over UDP sockets of their own
+/// (one per route in `RANKWEAVE_ROUTES`), or with `RANKWEAVE_TRANSPORT=shm` through
+/// shared-memory segments of their own, exactly as processes would. With `RANKWEAVE_RELIABILITY=on` or a
 /// `RANKWEAVE_CHAOS` spec, in-process ranks exchange datagrams through the reliability layer
 /// instead of handing frames over. Settings come from the environment ([`Config::from_env`]). If a rank
 /// panics, its peers see [`Error::PeerFailed`] for operations that involve it, and `local`
@@ -40,6 +41,7 @@ where
 {
     let comms = match config.transport {
         TransportKind::Udp => udp::world(n, &config)?,
+        TransportKind::Shm => shm::world(n, &config)?,
         TransportKind::Auto | TransportKind::Inproc
             if config.reliability_for(TransportKind::Inproc) || config.chaos.is_some() =>
         {

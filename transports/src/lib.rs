@@ -8,12 +8,15 @@
 //!   into a transport by the end-to-end reliability layer; [`udp`] is such a carrier, and
 //!   [`chaos`] a carrier decorator that injects faults.
 //!
-//! Shared memory and verbs follow.
+//! * [`shm`]: processes of one host, through shared-memory rings and single-copy reads.
+//!
+//! Verbs follow.
 
 #![warn(missing_docs)]
 
 pub mod chaos;
 pub mod inproc;
 pub mod link;
+pub mod shm;
 mod sync;
 pub mod udp;

@@ -4,21 +4,27 @@
 use std::future::Future;
 use std::time::Duration;
 
-use rankweave_core::{Communicator, Config};
-use rankweave_transports::inproc;
+use rankweave_core::{Communicator, Config, TransportKind};
+use rankweave_transports::{inproc, shm, udp};
 
 /// How long a rank may take before the test counts it as hung.
 pub const RANK_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Runs `f` on every rank of an `n`-rank in-process job built with `config` and returns the
-/// results in rank order. A rank that does not finish within `limit` fails the test.
+/// Runs `f` on every rank of an `n`-rank in-process job built with `config` (over the
+/// transport it names: in-process hand-off by default, shared-memory segments or UDP sockets)
+/// and returns the results in rank order. A rank that does not finish within `limit` fails the test.
 pub async fn job_within<T, F, Fut>(n: usize, config: &Config, limit: Duration, f: F) -> Vec<T>
 where
     F: Fn(Communicator) -> Fut,
     Fut: Future<Output = T> + Send + 'static,
     T: Send + 'static,
 {
-    let comms = inproc::world(n, config).expect("world");
+    let comms = match config.transport {
+        TransportKind::Shm => shm::world(n, config),
+        TransportKind::Udp => udp::world(n, config),
+        _ => inproc::world(n, config),
+    }
+    .expect("world");
     let tasks: Vec<_> = comms.into_iter().map(|c| tokio::spawn(f(c))).collect();
     let mut out = Vec::new();
     for (rank, t) in tasks.into_iter().enumerate() {

@@ -224,8 +224,14 @@ impl Driver {
             let _busy = BusyPoll::new(&*self.transport);
             let burst = Instant::now();
             let mut polls = 0u32;
+            let give_way = self.config.spin_yield == Some(true);
             loop {
-                std::hint::spin_loop();
+                if give_way {
+                    // More ranks than cores: let the one we wait for run.
+                    std::thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
                 // Watch the transport's doorbell (one load) and take the lock only when something
                 // arrived: the reply is seen as soon as its cache line lands.
                 if self.transport.may_have_arrivals() {
@@ -282,6 +288,9 @@ impl Driver {
             .await;
             draining |= self.shutdown.is_requested();
             self.progress();
+            // A transport that keeps reporting work must not starve the rank's own tasks (which
+            // may be what it waits for) on this worker.
+            tokio::task::consume_budget().await;
             // Sends whose futures were dropped still complete (their peers answer through the
             // transport, which wakes us); only then does the rank go away.
             if self.shutdown.is_aborted() || (draining && !self.lock().endpoint.has_pending_sends())

@@ -1,0 +1,265 @@
+//! The receiving side of one pair: what happens to the records a local peer wrote into this
+//! rank's ring.
+//!
+//! [`Inbound::read`] pops records in order and turns them into arrivals: an inline frame is
+//! copied out of the ring; a single-copy frame's payload is read from the sender's memory
+//! (`process_vm_readv`) into a fresh buffer, after which the sender is owed a `DONE`; pieces of
+//! a pipelined frame are appended to a reassembly buffer until the frame is whole. Nothing the
+//! peer wrote is trusted: a record that does not parse, a frame that does not decode or a
+//! length that cannot be allocated is dropped and counted, and a ring whose bytes break the
+//! ring's own rules is given up (the peer is then treated as failed).
+
+use bytes::Bytes;
+use rankweave_core::{Arrival, wire};
+
+use super::cma;
+use super::record::{self, Record};
+use super::ring::{Popped, RingConsumer};
+use super::segment::Segment;
+
+/// The largest frame accepted in pieces (1 TiB): a sanity bound on a peer-supplied length.
+const MAX_PIECED_FRAME: u64 = 1 << 40;
+
+/// Something a record asks of the transport beyond delivering a frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Effect {
+    /// The peer read this rank's single-copy payload with this token.
+    PayloadRead(u64),
+    /// This rank read (or, closing, skipped) the peer's single-copy payload: send `DONE`.
+    OweDone(u64),
+}
+
+/// How one [`Inbound::read`] went.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct ReadOutcome {
+    /// Records consumed.
+    pub(crate) records: usize,
+    /// Payload bytes delivered.
+    pub(crate) bytes: usize,
+    /// Records or frames dropped as malformed.
+    pub(crate) malformed: usize,
+    /// The producer is waiting for space and must be signalled.
+    pub(crate) producer_waits: bool,
+}
+
+#[derive(Debug)]
+struct Partial {
+    buf: Vec<u8>,
+    total: usize,
+}
+
+/// The receiving state of the ring from one sender.
+#[derive(Debug)]
+pub(crate) struct Inbound {
+    consumer: RingConsumer,
+    stream: Stream,
+}
+
+/// What the records of one ring have said so far.
+#[derive(Debug)]
+struct Stream {
+    sender: u32,
+    partial: Option<Partial>,
+    said_bye: bool,
+    broken: bool,
+}
+
+impl Inbound {
+    /// The receiving side of the ring from `sender` in this rank's segment `own`.
+    pub(crate) fn new(own: &Segment, sender: u32) -> Option<Inbound> {
+        let (control, _) = own.ring(sender)?;
+        Some(Inbound {
+            consumer: RingConsumer::new(control, own.geometry()),
+            stream: Stream {
+                sender,
+                partial: None,
+                said_bye: false,
+                broken: false,
+            },
+        })
+    }
+
+    /// The sender's rank.
+    pub(crate) fn sender(&self) -> u32 {
+        self.stream.sender
+    }
+
+    /// The sender said `BYE`: its ring is finished.
+    pub(crate) fn said_bye(&self) -> bool {
+        self.stream.said_bye
+    }
+
+    /// The ring broke its rules (or its sender vanished): nothing more is read from it.
+    pub(crate) fn is_broken(&self) -> bool {
+        self.stream.broken
+    }
+
+    /// Gives the ring up.
+    pub(crate) fn break_off(&mut self) {
+        self.stream.broken = true;
+    }
+
+    /// Whether records wait (a cheap look).
+    pub(crate) fn has_records(&self, own: &Segment) -> bool {
+        !self.stream.said_bye
+            && !self.stream.broken
+            && own
+                .ring(self.stream.sender)
+                .is_some_and(|(control, _)| self.consumer.has_records(control))
+    }
+
+    /// Reads up to `budget` records. Frames go to `out` (unless `discard`: the rank has
+    /// closed), requests for the transport to `effects`. `sender_pid` is where single-copy
+    /// payloads are read from.
+    pub(crate) fn read(
+        &mut self,
+        own: &Segment,
+        sender_pid: u32,
+        discard: bool,
+        budget: usize,
+        out: &mut Vec<Arrival>,
+        effects: &mut Vec<Effect>,
+    ) -> ReadOutcome {
+        let mut outcome = ReadOutcome::default();
+        let Some((control, data)) = own.ring(self.stream.sender) else {
+            return outcome;
+        };
+        let stream = &mut self.stream;
+        while outcome.records < budget && !stream.said_bye && !stream.broken {
+            let popped = self.consumer.pop(control, &data, |kind, body| {
+                stream.handle(kind, body, sender_pid, discard, out, effects)
+            });
+            match popped {
+                Popped::Empty => break,
+                Popped::Corrupt => stream.broken = true,
+                Popped::Record(handled) => {
+                    outcome.records += 1;
+                    match handled {
+                        Handled::Delivered(n) => outcome.bytes += n,
+                        Handled::Malformed => outcome.malformed += 1,
+                        Handled::Nothing => {}
+                    }
+                }
+            }
+        }
+        outcome.producer_waits = self.consumer.release(control);
+        outcome
+    }
+}
+
+impl Stream {
+    fn handle(
+        &mut self,
+        kind: u8,
+        body: &[u8],
+        sender_pid: u32,
+        discard: bool,
+        out: &mut Vec<Arrival>,
+        effects: &mut Vec<Effect>,
+    ) -> Handled {
+        let Some(rec) = record::parse(kind, body) else {
+            return Handled::Malformed;
+        };
+        match rec {
+            Record::Frame(bytes) if discard => {
+                let _ = bytes;
+                Handled::Nothing
+            }
+            Record::Frame(bytes) => self.deliver(Bytes::copy_from_slice(bytes), out),
+            Record::SingleCopy {
+                token,
+                addr,
+                len,
+                header,
+            } => {
+                effects.push(Effect::OweDone(token));
+                if discard {
+                    return Handled::Nothing;
+                }
+                let Some(total) = usize::try_from(len)
+                    .ok()
+                    .and_then(|l| l.checked_add(header.len()))
+                else {
+                    return Handled::Malformed;
+                };
+                let mut buf = Vec::new();
+                if buf.try_reserve_exact(total).is_err() {
+                    return Handled::Malformed;
+                }
+                buf.extend_from_slice(header);
+                match cma::read_into(sender_pid, addr, total - header.len(), &mut buf) {
+                    Ok(()) => self.deliver(Bytes::from(buf), out),
+                    Err(e) => {
+                        tracing::warn!(sender = self.sender, error = %e, "single-copy read failed");
+                        Handled::Malformed
+                    }
+                }
+            }
+            Record::ChunkFirst { total, piece } => {
+                let mut buf = Vec::new();
+                let fits = total <= MAX_PIECED_FRAME
+                    && (piece.len() as u64) <= total
+                    && buf.try_reserve_exact(total as usize).is_ok();
+                let replaced = self.partial.take().is_some();
+                if !fits {
+                    return Handled::Malformed;
+                }
+                buf.extend_from_slice(piece);
+                self.partial = Some(Partial {
+                    buf,
+                    total: total as usize,
+                });
+                let r = self.complete(discard, out);
+                if replaced { Handled::Malformed } else { r }
+            }
+            Record::Chunk(piece) => match &mut self.partial {
+                Some(p) if p.buf.len() + piece.len() <= p.total => {
+                    p.buf.extend_from_slice(piece);
+                    self.complete(discard, out)
+                }
+                _ => {
+                    self.partial = None;
+                    Handled::Malformed
+                }
+            },
+            Record::Done(token) => {
+                effects.push(Effect::PayloadRead(token));
+                Handled::Nothing
+            }
+            Record::Bye => {
+                self.said_bye = true;
+                Handled::Nothing
+            }
+        }
+    }
+
+    /// Delivers the reassembled frame once all its pieces are in.
+    fn complete(&mut self, discard: bool, out: &mut Vec<Arrival>) -> Handled {
+        match self.partial.take_if(|p| p.buf.len() == p.total) {
+            Some(_) if discard => Handled::Nothing,
+            Some(p) => self.deliver(Bytes::from(p.buf), out),
+            None => Handled::Nothing,
+        }
+    }
+
+    fn deliver(&self, bytes: Bytes, out: &mut Vec<Arrival>) -> Handled {
+        match wire::decode(bytes) {
+            Ok(frame) => {
+                let n = frame.payload.len();
+                out.push(Arrival::Frame {
+                    from: self.sender,
+                    frame,
+                });
+                Handled::Delivered(n)
+            }
+            Err(_) => Handled::Malformed,
+        }
+    }
+}
+
+/// What handling one record did.
+enum Handled {
+    Delivered(usize),
+    Malformed,
+    Nothing,
+}

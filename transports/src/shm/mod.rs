@@ -1,0 +1,885 @@
+//! Shared memory between the processes of one host.
+//!
+//! Every rank owns a [segment](segment) holding one single-producer/single-consumer
+//! [ring](ring) per possible sender; a rank sends to a local peer by writing records into the
+//! ring for it in the peer's segment, which it maps through `/proc/<pid>/fd/<fd>` on first
+//! contact (Yu's on-demand connection: a rank that talks to three neighbours maps three
+//! segments). Small frames are copied into the ring; large payloads are read by the receiver
+//! straight from the sender's memory with `process_vm_readv`, or pipelined through the ring in
+//! pieces where that is not permitted ([`outbound`]).
+//!
+//! A rank reads its rings whenever it polls; only when it has nothing to do does it arm its
+//! [doorbell](doorbell) and sleep in tokio's reactor on its [signal socket](signal), so that
+//! producers pay for a wake-up only when one is needed. A local peer that exits (even by
+//! `kill -9`) is noticed through a `pidfd` and reported as [`Arrival::PeerLost`] after
+//! everything it wrote has been read; a peer that closes says `BYE` in its rings.
+//!
+//! The transport is reliable and ordered (it is memory), so the message layer adds no
+//! reliability; frames may be of any size.
+
+mod cma;
+mod doorbell;
+pub mod host;
+mod inbound;
+mod outbound;
+mod record;
+mod ring;
+mod segment;
+mod signal;
+
+use std::collections::VecDeque;
+use std::os::unix::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use rankweave_core::frame::Frame;
+use rankweave_core::{
+    Arrival, Capabilities, Communicator, Config, Error, ShmConfig, ShmCounters, Transport,
+    TransportError, TransportStats,
+};
+use rustc_hash::FxHashMap;
+use tokio::io::Interest;
+use tokio::io::unix::AsyncFd;
+
+use host::ProcessWatch;
+use inbound::{Effect, Inbound};
+use outbound::Outbound;
+use ring::RingGeometry;
+use segment::{Owner, SINGLE_COPY_NO, SINGLE_COPY_YES, Segment};
+use signal::SignalSocket;
+
+/// Records read from one ring before the next ring gets its turn (fairness between senders).
+const READ_BUDGET: usize = 64;
+
+/// Where a rank's segment can be found: what it publishes in the job's key-value space.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SegmentAddress {
+    /// The publisher's [`host::host_key`]: only ranks with the same key can map it.
+    pub host: String,
+    /// The publisher's process id.
+    pub pid: u32,
+    /// The descriptor of its segment in that process.
+    pub fd: i32,
+}
+
+impl SegmentAddress {
+    /// `host:pid:fd` (no spaces or `=`, so a valid PMI-1 value).
+    pub fn encode(&self) -> String {
+        format!("{}:{}:{}", self.host, self.pid, self.fd)
+    }
+
+    /// The inverse of [`encode`](Self::encode); `None` for anything else.
+    pub fn decode(v: &str) -> Option<SegmentAddress> {
+        let mut it = v.trim().split(':');
+        let host = it.next().filter(|h| !h.is_empty())?.to_string();
+        let pid = it.next()?.parse().ok()?;
+        let fd = it.next()?.parse().ok()?;
+        it.next()
+            .is_none()
+            .then_some(SegmentAddress { host, pid, fd })
+    }
+}
+
+/// Where the ranks of a job published their segments; consulted once per peer, on first
+/// contact. May block briefly; must give up with an error rather than block for long.
+pub trait SegmentDirectory: Send + Sync + 'static {
+    /// The segment address rank `rank` published.
+    fn lookup_segment(&self, rank: u32) -> Result<SegmentAddress, TransportError>;
+
+    /// Ranks that must hear of this rank's close even if it never talked to them. Processes
+    /// learn of a peer they never contacted only when they contact it (the default: none);
+    /// ranks of one process expect, as with the in-process transport, that a rank's end
+    /// (a panic, say) reaches every other rank.
+    fn told_on_close(&self) -> Vec<u32> {
+        Vec::new()
+    }
+}
+
+/// A local peer this rank has mapped.
+struct Peer {
+    rank: u32,
+    pid: u32,
+    segment: Segment,
+    out: Mutex<Outbound>,
+    signal_addr: SocketAddr,
+    /// Becomes readable when the peer's process exits (`None` for ranks of this process).
+    watch: Option<AsyncFd<ProcessWatch>>,
+    /// The process exited, said BYE, or broke its ring.
+    gone: AtomicBool,
+    /// `PeerLost` has been reported for it.
+    reported: AtomicBool,
+}
+
+/// The receive side: the rings of the senders that registered so far.
+#[derive(Default)]
+struct InboundSet {
+    /// Sender-list entries consumed.
+    known: usize,
+    rings: Vec<Inbound>,
+}
+
+/// The progress task's parking state.
+#[derive(Default)]
+struct Park {
+    /// The progress task's waker while it sleeps in `poll_arrival`.
+    waker: Option<Waker>,
+    /// Futures busy-polling now: while any is, the doorbell stays disarmed.
+    busy: u32,
+}
+
+#[derive(Default)]
+struct Counters {
+    frames_sent: AtomicU64,
+    bytes_sent: AtomicU64,
+    frames_received: AtomicU64,
+    bytes_received: AtomicU64,
+    single_copy_sent: AtomicU64,
+    pipelined_sent: AtomicU64,
+    ring_full: AtomicU64,
+    signals_sent: AtomicU64,
+    malformed_dropped: AtomicU64,
+    peers_lost: AtomicU64,
+}
+
+fn bump(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn io_error(op: &'static str, message: String) -> TransportError {
+    TransportError::Io { op, message }
+}
+
+/// One rank's shared-memory transport (see the [module docs](self)).
+///
+/// Dropping it before it has drained (see [`Transport::is_drained`]) hands its state to a
+/// short-lived thread that keeps answering until local peers have read what it sent or the
+/// linger time is up: a single-copy payload must stay in memory until its reader is done.
+pub struct ShmTransport {
+    rank: Arc<ShmRank>,
+}
+
+/// The state of one rank's transport.
+pub struct ShmRank {
+    me: Owner,
+    settings: ShmConfig,
+    geometry: RingGeometry,
+    host: String,
+    own: Segment,
+    signal: SignalSocket,
+    directory: Arc<dyn SegmentDirectory>,
+    peers: RwLock<FxHashMap<u32, Arc<Peer>>>,
+    /// Serializes connection set-up (so a peer is mapped once).
+    connecting: Mutex<()>,
+    inbound: Mutex<InboundSet>,
+    /// Frames this rank sent to itself.
+    loopback: Mutex<VecDeque<Arrival>>,
+    loopback_len: AtomicUsize,
+    /// Peers with records waiting for ring space.
+    queued_peers: AtomicUsize,
+    park: Mutex<Park>,
+    closed: AtomicBool,
+    closed_at: Mutex<Option<Instant>>,
+    linger: Duration,
+    counters: Counters,
+}
+
+impl std::fmt::Debug for ShmRank {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShmTransport")
+            .field("rank", &self.me.rank)
+            .field("world", &self.me.world)
+            .finish()
+    }
+}
+
+impl ShmTransport {
+    /// Creates rank `rank`'s segment and signal socket for a `world`-rank job with key
+    /// `job_key`. Peers are found through `directory` on first contact. After closing, the
+    /// transport waits at most `linger` for local peers to take what it sent. Must run
+    /// inside a tokio runtime.
+    pub fn new(
+        rank: u32,
+        world: u32,
+        job_key: u64,
+        settings: ShmConfig,
+        linger: Duration,
+        directory: Arc<dyn SegmentDirectory>,
+    ) -> Result<ShmTransport, TransportError> {
+        ShmRank::new(rank, world, job_key, settings, linger, directory)
+            .map(|r| ShmTransport { rank: Arc::new(r) })
+    }
+}
+
+impl std::ops::Deref for ShmTransport {
+    type Target = ShmRank;
+
+    fn deref(&self) -> &ShmRank {
+        &self.rank
+    }
+}
+
+impl std::fmt::Debug for ShmTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.rank.fmt(f)
+    }
+}
+
+impl Drop for ShmTransport {
+    fn drop(&mut self) {
+        if !self.rank.closed.load(Ordering::Acquire) {
+            self.rank.close();
+        }
+        if self.rank.is_drained() {
+            return;
+        }
+        let rank = Arc::clone(&self.rank);
+        let spawned = std::thread::Builder::new()
+            .name("rankweave-shm-linger".into())
+            .spawn(move || {
+                while !rank.is_drained() {
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+            });
+        if spawned.is_err() {
+            tracing::warn!(
+                "cannot start the linger thread: local peers may miss this rank's last data"
+            );
+        }
+    }
+}
+
+impl Transport for ShmTransport {
+    fn capabilities(&self) -> Capabilities {
+        self.rank.capabilities()
+    }
+
+    fn send(&self, to: u32, frame: Frame) -> Result<(), TransportError> {
+        self.rank.send(to, frame)
+    }
+
+    fn drain(&self, out: &mut Vec<Arrival>) -> Result<usize, TransportError> {
+        self.rank.drain(out)
+    }
+
+    fn poll_arrival(&self, cx: &mut Context<'_>) -> Poll<()> {
+        self.rank.poll_arrival(cx)
+    }
+
+    fn may_have_arrivals(&self) -> bool {
+        self.rank.may_have_arrivals()
+    }
+
+    fn begin_busy_poll(&self) {
+        self.rank.begin_busy_poll();
+    }
+
+    fn end_busy_poll(&self) {
+        self.rank.end_busy_poll();
+    }
+
+    fn close(&self) {
+        self.rank.close();
+    }
+
+    fn is_drained(&self) -> bool {
+        self.rank.is_drained()
+    }
+
+    fn stats(&self) -> TransportStats {
+        self.rank.stats()
+    }
+}
+
+impl ShmRank {
+    fn new(
+        rank: u32,
+        world: u32,
+        job_key: u64,
+        settings: ShmConfig,
+        linger: Duration,
+        directory: Arc<dyn SegmentDirectory>,
+    ) -> Result<ShmRank, TransportError> {
+        let geometry = RingGeometry {
+            capacity: settings.ring_bytes,
+            unit: 64,
+        };
+        let me = Owner {
+            rank,
+            world,
+            job_key,
+            pid: std::process::id(),
+        };
+        let own =
+            Segment::create(me, geometry).map_err(|m| io_error("creating the shm segment", m))?;
+        let signal =
+            SignalSocket::bind(job_key, rank).map_err(|m| io_error("shm signal socket", m))?;
+        Ok(ShmRank {
+            me,
+            settings,
+            geometry,
+            host: host::host_key(),
+            own,
+            signal,
+            directory,
+            peers: RwLock::new(FxHashMap::default()),
+            connecting: Mutex::new(()),
+            inbound: Mutex::new(InboundSet::default()),
+            loopback: Mutex::new(VecDeque::new()),
+            loopback_len: AtomicUsize::new(0),
+            queued_peers: AtomicUsize::new(0),
+            park: Mutex::new(Park::default()),
+            closed: AtomicBool::new(false),
+            closed_at: Mutex::new(None),
+            linger,
+            counters: Counters::default(),
+        })
+    }
+}
+
+impl ShmRank {
+    /// What peers need to find this rank's segment: publish it in the job's directory.
+    pub fn address(&self) -> SegmentAddress {
+        SegmentAddress {
+            host: self.host.clone(),
+            pid: self.me.pid,
+            fd: self.own.fd().unwrap_or(-1),
+        }
+    }
+
+    /// This rank's world rank.
+    pub fn rank(&self) -> u32 {
+        self.me.rank
+    }
+
+    /// The shared-memory counters.
+    pub fn counters(&self) -> ShmCounters {
+        let c = &self.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let mut s = ShmCounters::default();
+        s.frames_sent = get(&c.frames_sent);
+        s.bytes_sent = get(&c.bytes_sent);
+        s.frames_received = get(&c.frames_received);
+        s.bytes_received = get(&c.bytes_received);
+        s.single_copy_sent = get(&c.single_copy_sent);
+        s.pipelined_sent = get(&c.pipelined_sent);
+        s.ring_full = get(&c.ring_full);
+        s.signals_sent = get(&c.signals_sent);
+        s.malformed_dropped = get(&c.malformed_dropped);
+        s.peers_lost = get(&c.peers_lost);
+        s
+    }
+
+    fn peer_if_connected(&self, rank: u32) -> Option<Arc<Peer>> {
+        self.peers
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&rank)
+            .cloned()
+    }
+
+    /// The peer `rank`, mapped on first use.
+    fn peer(&self, rank: u32) -> Result<Arc<Peer>, TransportError> {
+        if let Some(p) = self.peer_if_connected(rank) {
+            return Ok(p);
+        }
+        let _one_at_a_time = lock(&self.connecting);
+        if let Some(p) = self.peer_if_connected(rank) {
+            return Ok(p);
+        }
+        let peer = Arc::new(self.connect(rank).map_err(|why| {
+            tracing::warn!(
+                rank = self.me.rank,
+                peer = rank,
+                "shm connection failed: {why}"
+            );
+            TransportError::PeerUnreachable(rank as usize)
+        })?);
+        self.peers
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(rank, Arc::clone(&peer));
+        Ok(peer)
+    }
+
+    fn connect(&self, rank: u32) -> Result<Peer, String> {
+        if rank >= self.me.world || rank == self.me.rank {
+            return Err(format!("no local peer {rank}"));
+        }
+        let addr = self
+            .directory
+            .lookup_segment(rank)
+            .map_err(|e| format!("looking its segment up: {e}"))?;
+        if addr.host != self.host {
+            return Err(format!(
+                "it runs on another host (key {} vs {})",
+                addr.host, self.host
+            ));
+        }
+        // Watch first, then map: if the process is replaced in between, the mapping's checks
+        // fail; if it exits after, the watch fires.
+        let watch = if addr.pid == self.me.pid {
+            None
+        } else {
+            let w = host::watch_process(addr.pid)?;
+            // SAFETY: the AsyncFd owns the pidfd, which stays open and the same until the
+            // AsyncFd is dropped.
+            let fd = unsafe { AsyncFd::register_with_interest(w, Interest::READABLE) };
+            Some(fd.map_err(|e| format!("watching process {}: {}", addr.pid, e))?)
+        };
+        let expected = Owner {
+            rank,
+            world: self.me.world,
+            job_key: self.me.job_key,
+            pid: addr.pid,
+        };
+        let segment = Segment::open_peer(addr.pid, addr.fd, expected, self.geometry)?;
+        // Can this rank read the peer's memory? Tell it, beside its ring into our segment.
+        let readable = self.settings.single_copy
+            && cma::probe(addr.pid, segment.owner_addr(), Segment::magic());
+        if let Some(info) = self.own.pair_info(rank) {
+            let v = if readable {
+                SINGLE_COPY_YES
+            } else {
+                SINGLE_COPY_NO
+            };
+            info.single_copy.store(v, Ordering::Release);
+        }
+        let out = Outbound::new(&segment, self.me.rank, self.settings.inline_max)
+            .ok_or("this rank has no ring in the peer's segment")?;
+        segment.register_sender(self.me.rank)?;
+        Ok(Peer {
+            rank,
+            pid: addr.pid,
+            out: Mutex::new(out),
+            signal_addr: signal::address(self.me.job_key, rank)?,
+            segment,
+            watch,
+            gone: AtomicBool::new(false),
+            reported: AtomicBool::new(false),
+        })
+    }
+
+    /// Wakes `peer` if it sleeps (after something was published in its ring).
+    fn nudge(&self, peer: &Peer) {
+        if peer.segment.doorbell().should_signal() {
+            self.signal.signal(&peer.signal_addr);
+            bump(&self.counters.signals_sent, 1);
+        }
+    }
+
+    /// Runs `f` on `peer`'s sending side, keeps the count of peers with queued records right,
+    /// and wakes the peer if anything was published.
+    fn with_outbound<R>(&self, peer: &Peer, f: impl FnOnce(&mut Outbound) -> (R, bool)) -> R {
+        let (r, published) = {
+            let mut out = lock(&peer.out);
+            let before = out.has_queued();
+            let full_before = out.full_events;
+            let (r, published) = f(&mut out);
+            let after = out.has_queued();
+            bump(&self.counters.ring_full, out.full_events - full_before);
+            match (before, after) {
+                (false, true) => {
+                    self.queued_peers.fetch_add(1, Ordering::AcqRel);
+                }
+                (true, false) => {
+                    self.queued_peers.fetch_sub(1, Ordering::AcqRel);
+                }
+                _ => {}
+            }
+            (r, published)
+        };
+        if published {
+            self.nudge(peer);
+        }
+        r
+    }
+
+    fn connected_peers(&self) -> Vec<Arc<Peer>> {
+        self.peers
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    /// Whether records wait for ring space that has been freed.
+    fn can_flush(&self) -> bool {
+        if self.queued_peers.load(Ordering::Acquire) == 0 {
+            return false;
+        }
+        let me = self.me.rank;
+        self.connected_peers().iter().any(|p| {
+            !p.gone.load(Ordering::Acquire)
+                && p.out
+                    .try_lock()
+                    .map_or(true, |mut o| o.can_flush(&p.segment, me))
+        })
+    }
+
+    /// Sends what waits for ring space.
+    fn flush_queued(&self) {
+        if self.queued_peers.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        for peer in self.connected_peers() {
+            if peer.gone.load(Ordering::Acquire) {
+                continue;
+            }
+            let me = self.me.rank;
+            self.with_outbound(&peer, |out| ((), out.flush(&peer.segment, me)));
+        }
+    }
+
+    /// Whether anything needs the progress engine: records in a ring, new senders, frames
+    /// to self, queued records, or a peer to report lost. Conservative (`true`) while another
+    /// thread is reading the rings.
+    fn has_work(&self) -> bool {
+        if self.loopback_len.load(Ordering::Acquire) > 0 || self.can_flush() {
+            return true;
+        }
+        let Ok(inbound) = self.inbound.try_lock() else {
+            return true;
+        };
+        self.own.has_new_senders(inbound.known)
+            || inbound.rings.iter().any(|r| r.has_records(&self.own))
+            || self
+                .connected_peers()
+                .iter()
+                .any(|p| p.gone.load(Ordering::Acquire) && !p.reported.load(Ordering::Acquire))
+    }
+
+    /// Reads every ring; frames go to `out` unless `discard`.
+    fn read_rings(&self, out: &mut Vec<Arrival>, discard: bool) -> usize {
+        let Ok(mut inbound) = self.inbound.try_lock() else {
+            // Another thread is reading; it will deliver what is there.
+            return 0;
+        };
+        // Senders that registered since the last look.
+        let mut fresh = Vec::new();
+        let known = inbound.known;
+        inbound.known = self.own.senders_from(known, &mut fresh);
+        for sender in fresh.into_iter().flatten() {
+            if sender == self.me.rank || inbound.rings.iter().any(|r| r.sender() == sender) {
+                continue;
+            }
+            if let Some(r) = Inbound::new(&self.own, sender) {
+                inbound.rings.push(r);
+            }
+        }
+        let before = out.len();
+        let mut effects = Vec::new();
+        let mut lost = Vec::new();
+        for ring in inbound.rings.iter_mut() {
+            if !ring.has_records(&self.own) {
+                continue;
+            }
+            // A sender may have written its last records and exited (or closed) before this
+            // rank ever looked: what it left is read even when it can no longer be mapped.
+            let peer = self.peer(ring.sender()).ok();
+            let pid = peer.as_ref().map_or(0, |p| p.pid);
+            let outcome = ring.read(&self.own, pid, discard, READ_BUDGET, out, &mut effects);
+            bump(&self.counters.malformed_dropped, outcome.malformed as u64);
+            bump(&self.counters.bytes_received, outcome.bytes as u64);
+            let Some(peer) = peer else {
+                if !ring.has_records(&self.own) {
+                    ring.break_off();
+                    bump(&self.counters.peers_lost, 1);
+                    lost.push(ring.sender());
+                }
+                effects.clear();
+                continue;
+            };
+            if ring.is_broken() || ring.said_bye() {
+                peer.gone.store(true, Ordering::Release);
+            }
+            for e in effects.drain(..) {
+                let me = self.me.rank;
+                match e {
+                    Effect::PayloadRead(token) => {
+                        lock(&peer.out).done(token);
+                    }
+                    Effect::OweDone(token) => {
+                        self.with_outbound(&peer, |o| {
+                            (
+                                (),
+                                o.send_control(
+                                    &peer.segment,
+                                    me,
+                                    record::DONE,
+                                    &token.to_le_bytes(),
+                                ),
+                            )
+                        });
+                    }
+                }
+            }
+            if outcome.producer_waits {
+                self.nudge(&peer);
+            }
+        }
+        bump(&self.counters.frames_received, (out.len() - before) as u64);
+        out.extend(lost.into_iter().map(|rank| Arrival::PeerLost { rank }));
+        out.len() - before
+    }
+
+    /// Reports peers that are gone, once each, after their rings were read.
+    fn report_lost(&self, out: &mut Vec<Arrival>) -> usize {
+        let mut n = 0;
+        for peer in self.connected_peers() {
+            let exited = peer
+                .watch
+                .as_ref()
+                .is_some_and(|w| w.get_ref().has_exited());
+            if exited && !peer.gone.swap(true, Ordering::AcqRel) {
+                // Exited between the ring read above and now: read once more first.
+                continue;
+            }
+            if peer.gone.load(Ordering::Acquire) && !peer.reported.swap(true, Ordering::AcqRel) {
+                self.with_outbound(&peer, |o| {
+                    o.abandon();
+                    ((), false)
+                });
+                bump(&self.counters.peers_lost, 1);
+                out.push(Arrival::PeerLost { rank: peer.rank });
+                n += 1;
+            }
+        }
+        n
+    }
+}
+
+impl Transport for ShmRank {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            reliable: true,
+            ordered: true,
+            max_payload: usize::MAX,
+            multicast: false,
+            rdma: false,
+            by_reference: false,
+        }
+    }
+
+    fn send(&self, to: u32, frame: Frame) -> Result<(), TransportError> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(TransportError::Closed);
+        }
+        bump(&self.counters.frames_sent, 1);
+        bump(&self.counters.bytes_sent, frame.payload.len() as u64);
+        if to == self.me.rank {
+            lock(&self.loopback).push_back(Arrival::Frame {
+                from: self.me.rank,
+                frame,
+            });
+            self.loopback_len.fetch_add(1, Ordering::AcqRel);
+            return Ok(());
+        }
+        let peer = self.peer(to)?;
+        if peer.gone.load(Ordering::Acquire) {
+            return Err(TransportError::PeerUnreachable(to as usize));
+        }
+        let me = self.me.rank;
+        let path = self.with_outbound(&peer, |out| out.send(&peer.segment, me, frame));
+        if path.single_copy {
+            bump(&self.counters.single_copy_sent, 1);
+        }
+        if path.pipelined {
+            bump(&self.counters.pipelined_sent, 1);
+        }
+        Ok(())
+    }
+
+    fn drain(&self, out: &mut Vec<Arrival>) -> Result<usize, TransportError> {
+        let mut n = 0;
+        if self.loopback_len.load(Ordering::Acquire) > 0 {
+            let mut lb = lock(&self.loopback);
+            n += lb.len();
+            self.loopback_len.fetch_sub(lb.len(), Ordering::AcqRel);
+            out.extend(lb.drain(..));
+        }
+        self.flush_queued();
+        n += self.read_rings(out, false);
+        n += self.report_lost(out);
+        Ok(n)
+    }
+
+    fn poll_arrival(&self, cx: &mut Context<'_>) -> Poll<()> {
+        let doorbell = self.own.doorbell();
+        let ready = |park: &mut Park| {
+            park.waker = None;
+            doorbell.disarm();
+            Poll::Ready(())
+        };
+        {
+            let mut park = lock(&self.park);
+            if self.has_work() {
+                return ready(&mut park);
+            }
+            park.waker = Some(cx.waker().clone());
+            if park.busy == 0 {
+                doorbell.arm();
+                if self.has_work() {
+                    return ready(&mut park);
+                }
+            }
+        }
+        let mut woke = self.signal.poll_signalled(cx).is_ready();
+        for peer in self.connected_peers() {
+            if let Some(w) = &peer.watch {
+                if let Poll::Ready(Ok(mut g)) = w.poll_read_ready(cx) {
+                    // Readable means exited, and stays so; `report_lost` checks it itself.
+                    g.retain_ready();
+                    woke |= !peer.reported.load(Ordering::Acquire);
+                }
+            }
+        }
+        if woke {
+            return ready(&mut lock(&self.park));
+        }
+        Poll::Pending
+    }
+
+    fn may_have_arrivals(&self) -> bool {
+        self.has_work()
+    }
+
+    fn begin_busy_poll(&self) {
+        let mut park = lock(&self.park);
+        park.busy += 1;
+        self.own.doorbell().disarm();
+    }
+
+    fn end_busy_poll(&self) {
+        let mut park = lock(&self.park);
+        park.busy = park.busy.saturating_sub(1);
+        if park.busy == 0 && park.waker.is_some() {
+            // The progress task sleeps: from now on producers must signal it, and whatever
+            // came while the poller was busy must not wait for the next signal.
+            self.own.doorbell().arm();
+            if self.has_work() {
+                self.own.doorbell().disarm();
+                if let Some(w) = park.waker.take() {
+                    w.wake();
+                }
+            }
+        }
+    }
+
+    fn close(&self) {
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        *lock(&self.closed_at) = Some(Instant::now());
+        let me = self.me.rank;
+        for rank in self.directory.told_on_close() {
+            if rank != me {
+                let _ = self.peer(rank);
+            }
+        }
+        for peer in self.connected_peers() {
+            if !peer.gone.load(Ordering::Acquire) {
+                self.with_outbound(&peer, |o| {
+                    ((), o.send_control(&peer.segment, me, record::BYE, &[]))
+                });
+            }
+        }
+    }
+
+    fn is_drained(&self) -> bool {
+        if !self.closed.load(Ordering::Acquire) {
+            return true;
+        }
+        // Nobody drains a closed rank: keep answering single-copy reads and flushing.
+        self.flush_queued();
+        let mut discarded = Vec::new();
+        self.read_rings(&mut discarded, true);
+        for peer in self.connected_peers() {
+            if peer
+                .watch
+                .as_ref()
+                .is_some_and(|w| w.get_ref().has_exited())
+            {
+                peer.gone.store(true, Ordering::Release);
+            }
+        }
+        let settled = self
+            .connected_peers()
+            .iter()
+            .all(|p| p.gone.load(Ordering::Acquire) || lock(&p.out).is_idle());
+        let expired = lock(&self.closed_at).is_some_and(|t| t.elapsed() >= self.linger);
+        settled || expired
+    }
+
+    fn stats(&self) -> TransportStats {
+        let mut s = TransportStats::default();
+        s.shm = self.counters();
+        s
+    }
+}
+
+/// An in-memory [`SegmentDirectory`] for the ranks of one process.
+#[derive(Debug, Default)]
+pub struct LocalSegments {
+    entries: Mutex<FxHashMap<u32, SegmentAddress>>,
+}
+
+impl LocalSegments {
+    /// Records rank `rank`'s address.
+    pub fn publish(&self, rank: u32, addr: SegmentAddress) {
+        lock(&self.entries).insert(rank, addr);
+    }
+}
+
+impl SegmentDirectory for LocalSegments {
+    fn lookup_segment(&self, rank: u32) -> Result<SegmentAddress, TransportError> {
+        lock(&self.entries)
+            .get(&rank)
+            .cloned()
+            .ok_or(TransportError::PeerUnreachable(rank as usize))
+    }
+
+    fn told_on_close(&self) -> Vec<u32> {
+        lock(&self.entries).keys().copied().collect()
+    }
+}
+
+/// The world communicators of an `n`-rank job whose ranks are tasks of this process but talk
+/// through shared-memory segments, exactly as processes would (for tests and measurements).
+/// Must be called inside a tokio runtime.
+pub fn world(n: usize, config: &Config) -> Result<Vec<Communicator>, Error> {
+    let size = u32::try_from(n)
+        .ok()
+        .filter(|&s| s > 0)
+        .ok_or_else(|| Error::InvalidArgument(format!("{n} ranks")))?;
+    let job_key = rankweave_core::rng::random_u64();
+    let directory = Arc::new(LocalSegments::default());
+    let transports = (0..size)
+        .map(|rank| {
+            let t = ShmTransport::new(
+                rank,
+                size,
+                job_key,
+                config.shm,
+                config.peer_timeout,
+                directory.clone(),
+            )?;
+            directory.publish(rank, t.address());
+            Ok(Arc::new(t))
+        })
+        .collect::<Result<Vec<_>, TransportError>>()?;
+    transports
+        .into_iter()
+        .enumerate()
+        .map(|(rank, t)| Communicator::world(rank, n, t, config.clone()))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;

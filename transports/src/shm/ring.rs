@@ -1,0 +1,453 @@
+//! A single-producer, single-consumer ring of variable-length records in shared memory.
+//!
+//! One ring carries everything one local rank sends to another. It lives in the receiver's
+//! segment: a control block ([`RingControl`], two cache lines) and a data area whose length is
+//! a power of two and a multiple of the alignment `unit` (64 bytes, one cache line, in the
+//! transport; smaller in the loom models).
+//!
+//! * **Records.** Each record starts on a `unit` boundary with an 8-byte header (body length as
+//!   a little-endian `u32`, a kind byte, three reserved bytes) followed by its body. A record
+//!   never wraps: when the next one does not fit before the end of the data area, the producer
+//!   fills the rest with a [`PAD`] record and starts again at offset 0.
+//! * **Positions.** `head` (bytes published by the producer) and `tail` (bytes released by the
+//!   consumer) count up forever as `u64`s; the offset in the data area is the count modulo the
+//!   capacity. The producer owns `head`, the consumer owns `tail`, each in its own cache line.
+//! * **Publication.** The producer writes a record's bytes, then stores `head` with `Release`;
+//!   the consumer loads `head` with `Acquire` before reading the bytes. In reverse, the consumer
+//!   stores `tail` with `Release` once it has copied records out, and the producer loads it
+//!   with `Acquire` before overwriting them. So no byte is ever read and written at once.
+//! * **Back-pressure.** A producer that finds the ring full sets `want_space`, issues a
+//!   `SeqCst` fence and looks at `tail` again ([`RingProducer::request_space`]); a consumer that
+//!   releases space stores `tail`, fences, and looks at `want_space`
+//!   ([`RingConsumer::release`]). The two fences are totally ordered, so either the producer
+//!   sees the space or the consumer sees the request and signals the producer: a full ring
+//!   never strands its producer.
+//!
+//! The consumer checks every record it reads against the ring's bounds and reports a record
+//! that cannot be valid as [`Popped::Corrupt`] rather than trusting it: the other side is
+//! another process.
+//!
+//! The loom models in `loom-tests/tests/shm_ring.rs` compile this file against loom's atomics
+//! and a checked [`SharedBytes`].
+
+use crate::sync::SharedBytes;
+use crate::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
+
+/// Bytes of a record header: body length (`u32`), kind (`u8`), three reserved bytes.
+pub(crate) const RECORD_HEADER: usize = 8;
+
+/// The kind of the filler record at the end of the data area; never handed to the consumer.
+pub(crate) const PAD: u8 = 0;
+
+/// The producer's cache line: what it publishes, and its request for space.
+#[repr(C, align(64))]
+struct ProducerLine {
+    head: AtomicU64,
+    want_space: AtomicU32,
+}
+
+/// The consumer's cache line.
+#[repr(C, align(64))]
+struct ConsumerLine {
+    tail: AtomicU64,
+}
+
+/// The control block of one ring (two cache lines). All zeros is a fresh, empty ring, so a
+/// freshly created (zero-filled) shared-memory segment holds valid rings.
+#[repr(C)]
+pub(crate) struct RingControl {
+    producer: ProducerLine,
+    consumer: ConsumerLine,
+}
+
+impl RingControl {
+    /// A fresh, empty ring's control block.
+    pub(crate) fn new() -> RingControl {
+        RingControl {
+            producer: ProducerLine {
+                head: AtomicU64::new(0),
+                want_space: AtomicU32::new(0),
+            },
+            consumer: ConsumerLine {
+                tail: AtomicU64::new(0),
+            },
+        }
+    }
+
+    /// Whether the consumer has records it has not read (a cheap look, one load).
+    pub(crate) fn has_records(&self, tail: u64) -> bool {
+        self.producer.head.load(Ordering::Acquire) != tail
+    }
+}
+
+impl Default for RingControl {
+    fn default() -> Self {
+        RingControl::new()
+    }
+}
+
+/// The geometry of a ring: data capacity and alignment unit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct RingGeometry {
+    /// Bytes in the data area: a power of two, a multiple of `unit`.
+    pub(crate) capacity: usize,
+    /// Records start on multiples of this: a power of two of at least [`RECORD_HEADER`] bytes.
+    pub(crate) unit: usize,
+}
+
+impl RingGeometry {
+    /// Whether the geometry is usable.
+    pub(crate) fn is_valid(&self) -> bool {
+        self.unit.is_power_of_two()
+            && self.unit >= RECORD_HEADER
+            && self.capacity.is_power_of_two()
+            && self.capacity >= 4 * self.unit
+            && u32::try_from(self.capacity).is_ok()
+    }
+
+    /// The largest record body a producer may push: a quarter of the capacity less the header,
+    /// so a full-size record always fits once the ring has drained, whatever the wrap position.
+    pub(crate) fn max_body(&self) -> usize {
+        self.capacity / 4 - RECORD_HEADER
+    }
+
+    /// Bytes a record with a `body`-byte body occupies.
+    fn footprint(&self, body: usize) -> usize {
+        (RECORD_HEADER + body).next_multiple_of(self.unit)
+    }
+
+    fn offset(&self, position: u64) -> usize {
+        // The capacity is a power of two that fits u32, so the mask fits usize.
+        (position & (self.capacity as u64 - 1)) as usize
+    }
+}
+
+/// What [`RingProducer::try_push`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Pushed {
+    /// The record is published.
+    Done,
+    /// Not enough free space: try again after the consumer released some
+    /// ([`RingProducer::request_space`]).
+    Full,
+    /// The body is longer than [`RingGeometry::max_body`]: it will never fit.
+    TooLarge,
+}
+
+/// The producer's private state (kept in process memory, not in the shared segment).
+#[derive(Debug)]
+pub(crate) struct RingProducer {
+    geometry: RingGeometry,
+    head: u64,
+    /// The last `tail` read from the consumer: free space is at least `capacity - (head - it)`.
+    tail_seen: u64,
+}
+
+impl RingProducer {
+    /// The producer of the ring `control` (which it continues where it stands).
+    pub(crate) fn new(control: &RingControl, geometry: RingGeometry) -> RingProducer {
+        RingProducer {
+            geometry,
+            head: control.producer.head.load(Ordering::Relaxed),
+            tail_seen: control.consumer.tail.load(Ordering::Acquire),
+        }
+    }
+
+    /// The largest body [`try_push`](Self::try_push) accepts.
+    pub(crate) fn max_body(&self) -> usize {
+        self.geometry.max_body()
+    }
+
+    /// Bytes the next record with a `body`-byte body needs, including a wrap's filler.
+    fn needed(&self, body: usize) -> usize {
+        let need = self.geometry.footprint(body);
+        let to_end = self.geometry.capacity - self.geometry.offset(self.head);
+        if need > to_end { to_end + need } else { need }
+    }
+
+    fn has_room(&self, needed: usize) -> bool {
+        // head - tail_seen never exceeds the capacity, so this cannot underflow.
+        self.geometry.capacity - (self.head - self.tail_seen) as usize >= needed
+    }
+
+    /// Appends one record of kind `kind` (not [`PAD`]) whose body is the concatenation of
+    /// `parts`, and publishes it.
+    pub(crate) fn try_push(
+        &mut self,
+        control: &RingControl,
+        data: &SharedBytes,
+        kind: u8,
+        parts: &[&[u8]],
+    ) -> Pushed {
+        let body: usize = parts.iter().map(|p| p.len()).sum();
+        if body > self.geometry.max_body() || kind == PAD {
+            return Pushed::TooLarge;
+        }
+        let needed = self.needed(body);
+        if !self.has_room(needed) {
+            self.tail_seen = control.consumer.tail.load(Ordering::Acquire);
+            if !self.has_room(needed) {
+                return Pushed::Full;
+            }
+        }
+        let mut at = self.geometry.offset(self.head);
+        let to_end = self.geometry.capacity - at;
+        if self.geometry.footprint(body) > to_end {
+            // SAFETY: [at, capacity) is free space (has_room counted it): the consumer does not
+            // read it until `head` covers it.
+            unsafe { data.write(at, &header(to_end - RECORD_HEADER, PAD)) };
+            self.head += to_end as u64;
+            at = 0;
+        }
+        // SAFETY: as above, [at, at + footprint) is free space and in bounds.
+        unsafe {
+            data.write(at, &header(body, kind));
+            let mut pos = at + RECORD_HEADER;
+            for part in parts {
+                data.write(pos, part);
+                pos += part.len();
+            }
+        }
+        self.head += self.geometry.footprint(body) as u64;
+        control.producer.head.store(self.head, Ordering::Release);
+        Pushed::Done
+    }
+
+    /// Whether a record with a `body`-byte body fits now (reads the consumer's tail).
+    pub(crate) fn has_room_now(&mut self, control: &RingControl, body: usize) -> bool {
+        self.tail_seen = control.consumer.tail.load(Ordering::Acquire);
+        self.has_room(self.needed(body))
+    }
+
+    /// After [`Pushed::Full`]: asks the consumer to signal when it releases space, then looks
+    /// once more. Returns whether a record with a `body`-byte body fits now (if not, the
+    /// consumer will see the request and signal).
+    pub(crate) fn request_space(&mut self, control: &RingControl, body: usize) -> bool {
+        control.producer.want_space.store(1, Ordering::Relaxed);
+        // Orders the request before the tail load, against the consumer's tail store and
+        // want_space load (see the module docs).
+        fence(Ordering::SeqCst);
+        self.tail_seen = control.consumer.tail.load(Ordering::Acquire);
+        self.has_room(self.needed(body))
+    }
+}
+
+/// What [`RingConsumer::pop`] found.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Popped<R> {
+    /// Nothing unread.
+    Empty,
+    /// A record; the value is what the callback returned.
+    Record(R),
+    /// The bytes at the read position are not a valid record (the producer broke the
+    /// protocol); the ring cannot be read further.
+    Corrupt,
+}
+
+/// The consumer's private state.
+#[derive(Debug)]
+pub(crate) struct RingConsumer {
+    geometry: RingGeometry,
+    tail: u64,
+    /// The last `head` read: records up to it are readable.
+    head_seen: u64,
+    /// `tail` as last published.
+    released: u64,
+}
+
+impl RingConsumer {
+    /// The consumer of the ring `control`.
+    pub(crate) fn new(control: &RingControl, geometry: RingGeometry) -> RingConsumer {
+        let tail = control.consumer.tail.load(Ordering::Relaxed);
+        RingConsumer {
+            geometry,
+            tail,
+            head_seen: tail,
+            released: tail,
+        }
+    }
+
+    /// Whether records are waiting (one load when there are none).
+    pub(crate) fn has_records(&self, control: &RingControl) -> bool {
+        self.tail != self.head_seen || control.has_records(self.tail)
+    }
+
+    /// Reads the next record and calls `f(kind, body)` with it. The record's space is not
+    /// handed back until [`release`](Self::release).
+    pub(crate) fn pop<R>(
+        &mut self,
+        control: &RingControl,
+        data: &SharedBytes,
+        f: impl FnOnce(u8, &[u8]) -> R,
+    ) -> Popped<R> {
+        loop {
+            if self.tail == self.head_seen {
+                self.head_seen = control.producer.head.load(Ordering::Acquire);
+                if self.tail == self.head_seen {
+                    return Popped::Empty;
+                }
+            }
+            let available = self.head_seen.wrapping_sub(self.tail);
+            let at = self.geometry.offset(self.tail);
+            let to_end = self.geometry.capacity - at;
+            if available > self.geometry.capacity as u64 || (available as usize) < RECORD_HEADER {
+                return Popped::Corrupt;
+            }
+            let mut head = [0u8; RECORD_HEADER];
+            // SAFETY: [at, at + 8) is in bounds (at is unit-aligned, unit >= 8) and published
+            // (available >= 8): the producer does not write it until we release it.
+            unsafe { data.with_slice(at, RECORD_HEADER, |b| head.copy_from_slice(b)) };
+            let body = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
+            let kind = head[4];
+            let footprint = self.geometry.footprint(body);
+            if footprint > to_end || footprint as u64 > available {
+                return Popped::Corrupt;
+            }
+            if kind == PAD {
+                if footprint != to_end {
+                    return Popped::Corrupt;
+                }
+                self.tail += to_end as u64;
+                continue;
+            }
+            // SAFETY: the record lies within the published, unreleased bytes (checked above).
+            let r = unsafe { data.with_slice(at + RECORD_HEADER, body, |b| f(kind, b)) };
+            self.tail += footprint as u64;
+            return Popped::Record(r);
+        }
+    }
+
+    /// Hands the space of every record read so far back to the producer. Returns whether the
+    /// producer had asked for space (and is owed a signal); the request is cleared.
+    pub(crate) fn release(&mut self, control: &RingControl) -> bool {
+        if self.released == self.tail {
+            return false;
+        }
+        self.released = self.tail;
+        control.consumer.tail.store(self.tail, Ordering::Release);
+        // Orders the tail store before the want_space load, against the producer's
+        // request_space (see the module docs).
+        fence(Ordering::SeqCst);
+        control.producer.want_space.load(Ordering::Relaxed) != 0
+            && control.producer.want_space.swap(0, Ordering::Relaxed) != 0
+    }
+}
+
+fn header(body: usize, kind: u8) -> [u8; RECORD_HEADER] {
+    // body <= max_body < capacity, which fits u32 (RingGeometry::is_valid).
+    let len = (body as u32).to_le_bytes();
+    [len[0], len[1], len[2], len[3], kind, 0, 0, 0]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Ring {
+        control: RingControl,
+        data: SharedBytes,
+        _buf: Vec<u64>,
+    }
+
+    fn ring(capacity: usize, unit: usize) -> (Ring, RingGeometry) {
+        let mut buf = vec![0u64; capacity / 8];
+        // SAFETY: `buf` lives as long as the ring (it is moved into it; a Vec's heap buffer
+        // does not move).
+        let data = unsafe { SharedBytes::from_raw(buf.as_mut_ptr().cast(), capacity) };
+        let geometry = RingGeometry { capacity, unit };
+        assert!(geometry.is_valid());
+        (
+            Ring {
+                control: RingControl::new(),
+                data,
+                _buf: buf,
+            },
+            geometry,
+        )
+    }
+
+    fn pop(c: &mut RingConsumer, r: &Ring) -> Popped<(u8, Vec<u8>)> {
+        c.pop(&r.control, &r.data, |k, b| (k, b.to_vec()))
+    }
+
+    #[test]
+    fn records_come_out_in_order_across_wraps() {
+        let (r, g) = ring(1024, 64);
+        let mut p = RingProducer::new(&r.control, g);
+        let mut c = RingConsumer::new(&r.control, g);
+        let mut expected = std::collections::VecDeque::new();
+        for i in 0..2000usize {
+            let body: Vec<u8> = (0..(i * 37) % (g.max_body() + 1))
+                .map(|j| (i + j) as u8)
+                .collect();
+            let (a, b) = body.split_at(body.len() / 3);
+            loop {
+                match p.try_push(&r.control, &r.data, 1 + (i % 5) as u8, &[a, b]) {
+                    Pushed::Done => break,
+                    Pushed::Full => {
+                        let (k, got) = match pop(&mut c, &r) {
+                            Popped::Record(x) => x,
+                            other => panic!("full ring, but the consumer found {other:?}"),
+                        };
+                        let (ek, eb) = expected.pop_front().unwrap();
+                        assert_eq!((k, got), (ek, eb));
+                        c.release(&r.control);
+                    }
+                    Pushed::TooLarge => panic!("body of {} refused", body.len()),
+                }
+            }
+            expected.push_back((1 + (i % 5) as u8, body));
+        }
+        while let Some((ek, eb)) = expected.pop_front() {
+            assert_eq!(pop(&mut c, &r), Popped::Record((ek, eb)));
+        }
+        assert_eq!(pop(&mut c, &r), Popped::Empty);
+    }
+
+    #[test]
+    fn full_ring_requests_space_and_release_reports_it() {
+        let (r, g) = ring(256, 64);
+        let mut p = RingProducer::new(&r.control, g);
+        let mut c = RingConsumer::new(&r.control, g);
+        let mut n = 0;
+        while p.try_push(&r.control, &r.data, 1, &[&[7u8; 40]]) == Pushed::Done {
+            n += 1;
+        }
+        assert_eq!(n, 4, "four 64-byte records fill 256 bytes");
+        assert!(!p.request_space(&r.control, 40));
+        assert!(matches!(pop(&mut c, &r), Popped::Record((1, _))));
+        assert!(c.release(&r.control), "the producer asked for space");
+        assert!(!c.release(&r.control), "and is told once");
+        assert_eq!(
+            p.try_push(&r.control, &r.data, 1, &[&[7u8; 40]]),
+            Pushed::Done
+        );
+    }
+
+    #[test]
+    fn oversized_and_pad_kind_are_refused() {
+        let (r, g) = ring(256, 64);
+        let mut p = RingProducer::new(&r.control, g);
+        let big = vec![0u8; g.max_body() + 1];
+        assert_eq!(
+            p.try_push(&r.control, &r.data, 1, &[&big]),
+            Pushed::TooLarge
+        );
+        assert_eq!(p.try_push(&r.control, &r.data, PAD, &[]), Pushed::TooLarge);
+    }
+
+    #[test]
+    fn corrupt_records_are_reported_not_trusted() {
+        let (r, g) = ring(256, 64);
+        let mut c = RingConsumer::new(&r.control, g);
+        // A header claiming a body longer than what was published.
+        // SAFETY: nobody else uses the ring.
+        unsafe { r.data.write(0, &header(200, 3)) };
+        r.control.producer.head.store(64, Ordering::Release);
+        assert_eq!(pop(&mut c, &r), Popped::Corrupt);
+        // A head beyond the capacity.
+        let mut c = RingConsumer::new(&r.control, g);
+        r.control.producer.head.store(10_000, Ordering::Release);
+        assert_eq!(pop(&mut c, &r), Popped::Corrupt);
+    }
+}

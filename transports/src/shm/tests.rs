@@ -1,0 +1,265 @@
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use rankweave_core::frame::{Envelope, Header};
+use rankweave_core::types::ContextId;
+
+use super::*;
+
+fn settings(ring_bytes: usize, single_copy: bool) -> ShmConfig {
+    ShmConfig {
+        ring_bytes,
+        inline_max: 16 * 1024,
+        single_copy,
+    }
+}
+
+/// `n` transports of one job in this process.
+fn job(n: u32, s: ShmConfig) -> Vec<ShmTransport> {
+    let key = rankweave_core::rng::random_u64();
+    let dir = Arc::new(LocalSegments::default());
+    (0..n)
+        .map(|r| {
+            let t = ShmTransport::new(r, n, key, s, Duration::from_secs(1), dir.clone()).unwrap();
+            dir.publish(r, t.address());
+            t
+        })
+        .collect()
+}
+
+fn eager(seq: u64, payload: Vec<u8>) -> Frame {
+    Frame {
+        header: Header::Eager(Envelope {
+            context: ContextId(2),
+            tag: 9,
+            seq,
+            len: payload.len() as u64,
+        }),
+        payload: Bytes::from(payload),
+    }
+}
+
+fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u64).wrapping_mul(31).wrapping_add(seed) as u8)
+        .collect()
+}
+
+/// Drains `t` (and lets `others` flush and answer) until `n` arrivals came or 10 s passed.
+fn collect(t: &ShmTransport, others: &[&ShmTransport], n: usize) -> Vec<Arrival> {
+    let mut out = Vec::new();
+    let until = Instant::now() + Duration::from_secs(10);
+    while out.len() < n && Instant::now() < until {
+        t.drain(&mut out).unwrap();
+        for o in others {
+            let mut ignored = Vec::new();
+            o.drain(&mut ignored).unwrap();
+            assert!(ignored.is_empty(), "unexpected arrivals at a sender");
+        }
+    }
+    out
+}
+
+fn payloads(arrivals: Vec<Arrival>, from: u32) -> Vec<(u64, Bytes)> {
+    arrivals
+        .into_iter()
+        .map(|a| match a {
+            Arrival::Frame { from: f, frame } => {
+                assert_eq!(f, from);
+                let Header::Eager(env) = frame.header else {
+                    panic!("not the frame sent: {:?}", frame.header)
+                };
+                assert_eq!(env.len as usize, frame.payload.len());
+                (env.seq, frame.payload)
+            }
+            other => panic!("unexpected {other:?}"),
+        })
+        .collect()
+}
+
+fn round_trip_sizes(single_copy: bool) {
+    let t = job(2, settings(128 * 1024, single_copy));
+    // Until the receiver has mapped the sender (on its first read), it has not said whether it
+    // can read the sender's memory, and large frames go in pieces.
+    t[0].send(1, eager(99, pattern(100_000, 0))).unwrap();
+    assert_eq!(collect(&t[1], &[&t[0]], 1).len(), 1);
+    assert_eq!(t[0].counters().pipelined_sent, 1);
+    let sizes = [
+        0usize,
+        1,
+        100,
+        16 * 1024 - 38,
+        16 * 1024,
+        70_000,
+        1 << 20,
+        5 << 20,
+    ];
+    for (i, &len) in sizes.iter().enumerate() {
+        t[0].send(1, eager(i as u64, pattern(len, i as u64)))
+            .unwrap();
+    }
+    let got = payloads(collect(&t[1], &[&t[0]], sizes.len()), 0);
+    assert_eq!(got.len(), sizes.len());
+    for (i, (seq, p)) in got.iter().enumerate() {
+        assert_eq!(*seq, i as u64, "order kept");
+        assert_eq!(
+            &p[..],
+            &pattern(sizes[i], i as u64)[..],
+            "content of {} bytes",
+            sizes[i]
+        );
+    }
+    let c = t[0].counters();
+    assert_eq!(c.frames_sent, sizes.len() as u64 + 1);
+    if single_copy {
+        assert_eq!(
+            c.single_copy_sent, 4,
+            "16 KiB, 70 000 B, 1 MiB and 5 MiB by single copy"
+        );
+        assert_eq!(c.pipelined_sent, 1);
+    } else {
+        assert_eq!((c.single_copy_sent, c.pipelined_sent), (0, 5));
+    }
+    // Every single-copy payload was acknowledged: nothing held.
+    let until = Instant::now() + Duration::from_secs(5);
+    while !t[0].peer(1).unwrap().out.lock().unwrap().is_idle() && Instant::now() < until {
+        let mut v = Vec::new();
+        t[0].drain(&mut v).unwrap();
+        t[1].drain(&mut v).unwrap();
+    }
+    assert!(t[0].peer(1).unwrap().out.lock().unwrap().is_idle());
+}
+
+#[tokio::test]
+async fn frames_of_every_size_arrive_whole_and_in_order_with_single_copy() {
+    round_trip_sizes(true);
+}
+
+#[tokio::test]
+async fn frames_of_every_size_arrive_whole_and_in_order_pipelined() {
+    round_trip_sizes(false);
+}
+
+#[tokio::test]
+async fn a_full_ring_holds_senders_back_and_loses_nothing() {
+    // 4 KiB rings: a few hundred frames fill it many times over before anyone reads.
+    let t = job(3, settings(4096, true));
+    for i in 0..500u64 {
+        t[0].send(2, eager(i, pattern(200, i))).unwrap();
+        t[1].send(2, eager(i, pattern(300, i))).unwrap();
+    }
+    assert!(t[0].counters().ring_full > 0, "the ring filled");
+    let got = collect(&t[2], &[&t[0], &t[1]], 1000);
+    assert_eq!(got.len(), 1000);
+    let (from0, from1): (Vec<_>, Vec<_>) = got
+        .into_iter()
+        .partition(|a| matches!(a, Arrival::Frame { from: 0, .. }));
+    for (from, list, len) in [(0, from0, 200), (1, from1, 300)] {
+        let list = payloads(list, from);
+        assert_eq!(list.len(), 500);
+        for (i, (seq, p)) in list.iter().enumerate() {
+            assert_eq!(*seq, i as u64);
+            assert_eq!(&p[..], &pattern(len, i as u64)[..]);
+        }
+    }
+}
+
+#[tokio::test]
+async fn closing_says_goodbye_and_peers_learn_of_it_after_the_data() {
+    let t = job(2, settings(64 * 1024, true));
+    t[0].send(1, eager(0, pattern(10, 0))).unwrap();
+    t[0].close();
+    assert!(matches!(
+        t[0].send(1, eager(1, vec![])),
+        Err(TransportError::Closed)
+    ));
+    let got = collect(&t[1], &[], 2);
+    assert!(matches!(got[0], Arrival::Frame { from: 0, .. }));
+    assert!(matches!(got[1], Arrival::PeerLost { rank: 0 }));
+    assert!(t[0].is_drained());
+    // Sending to a rank that said goodbye fails cleanly.
+    assert!(matches!(
+        t[1].send(0, eager(0, vec![1])),
+        Err(TransportError::PeerUnreachable(0))
+    ));
+}
+
+#[tokio::test]
+async fn bad_destinations_are_errors() {
+    let t = job(2, settings(64 * 1024, true));
+    assert!(matches!(
+        t[0].send(7, eager(0, vec![])),
+        Err(TransportError::PeerUnreachable(7))
+    ));
+    // To self: delivered by the loopback queue.
+    t[0].send(0, eager(0, vec![5])).unwrap();
+    let got = collect(&t[0], &[], 1);
+    assert!(matches!(got[0], Arrival::Frame { from: 0, .. }));
+}
+
+#[tokio::test]
+async fn malformed_records_are_dropped_and_counted_and_a_corrupt_ring_is_given_up() {
+    let t = job(2, settings(4096, true));
+    // Rank 0 sends one good frame so the rings are set up, then we forge records as rank 0.
+    t[0].send(1, eager(0, vec![1, 2, 3])).unwrap();
+    let peer = t[0].peer(1).unwrap();
+    {
+        let mut out = peer.out.lock().unwrap();
+        out.send_control(&peer.segment, 0, 99, b"unknown kind");
+        out.send_control(&peer.segment, 0, record::FRAME, b"not a frame");
+        out.send_control(&peer.segment, 0, record::DONE, b"short");
+    }
+    t[0].send(1, eager(1, vec![4])).unwrap();
+    let got = payloads(collect(&t[1], &[], 2), 0);
+    assert_eq!(got.iter().map(|(s, _)| *s).collect::<Vec<_>>(), [0, 1]);
+    assert_eq!(t[1].counters().malformed_dropped, 3);
+    // Now break the ring itself: a head beyond anything written.
+    let (control, _) = peer.segment.ring(0).unwrap();
+    // SAFETY of the test: we only corrupt the shared control block, as a faulty peer would.
+    let head = control as *const ring::RingControl as *const std::sync::atomic::AtomicU64;
+    unsafe { &*head }.store(1 << 40, Ordering::Release);
+    let got = collect(&t[1], &[], 1);
+    assert!(
+        matches!(got[..], [Arrival::PeerLost { rank: 0 }]),
+        "{got:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_parked_rank_is_woken_by_a_send() {
+    let t = job(2, settings(64 * 1024, true));
+    // Connect first (rank 1 maps rank 0 when it first reads from it).
+    t[0].send(1, eager(0, vec![])).unwrap();
+    assert_eq!(collect(&t[1], &[], 1).len(), 1);
+    let t = Arc::new(t);
+    let t2 = Arc::clone(&t);
+    let sender = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        t2[0].send(1, eager(1, vec![7])).unwrap();
+    });
+    let woke = tokio::time::timeout(
+        Duration::from_secs(5),
+        std::future::poll_fn(|cx| t[1].poll_arrival(cx)),
+    )
+    .await;
+    assert!(woke.is_ok(), "the parked rank was not woken");
+    sender.await.unwrap();
+    assert!(
+        t[0].counters().signals_sent >= 1,
+        "the sender saw the armed doorbell"
+    );
+    assert_eq!(collect(&t[1], &[], 1).len(), 1);
+}
+
+#[test]
+fn segment_addresses_round_trip_and_junk_is_refused() {
+    let a = SegmentAddress {
+        host: "00ff".into(),
+        pid: 42,
+        fd: 7,
+    };
+    assert_eq!(SegmentAddress::decode(&a.encode()), Some(a));
+    for junk in ["", "h:1", "h:x:1", "h:1:2:3", ":1:2"] {
+        assert_eq!(SegmentAddress::decode(junk), None, "{junk:?}");
+    }
+}
