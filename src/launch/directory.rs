@@ -16,6 +16,7 @@ use std::sync::mpsc as std_mpsc;
 use std::time::Duration;
 
 use rankweave_core::TransportError;
+use rankweave_transports::shm::{SegmentAddress, SegmentDirectory};
 use rankweave_transports::udp::PeerDirectory;
 use tokio::sync::{mpsc, oneshot};
 
@@ -34,6 +35,10 @@ fn endpoint_key(rank: u32) -> String {
     format!("rw-ep-{rank}")
 }
 const JOB_KEY_KEY: &str = "rw-job-key";
+/// Key of a rank's shared-memory segment address.
+fn segment_key(rank: u32) -> String {
+    format!("rw-shm-{rank}")
+}
 
 /// What the key-value space told a joining rank.
 #[derive(Clone, Debug)]
@@ -147,6 +152,15 @@ impl JobDirectory {
         self.put(endpoint_key(rank), encode_addrs(addrs)).await
     }
 
+    /// Publishes this rank's shared-memory segment address.
+    pub(crate) async fn publish_segment(
+        &self,
+        rank: u32,
+        addr: &SegmentAddress,
+    ) -> Result<(), String> {
+        self.put(segment_key(rank), addr.encode()).await
+    }
+
     /// Rank 0 publishes a fresh job key before the start-up fence; the others read it after.
     pub(crate) async fn publish_job_key(&self, key: u64) -> Result<(), String> {
         self.put(JOB_KEY_KEY.into(), format!("{key:016x}")).await
@@ -159,26 +173,44 @@ impl JobDirectory {
     }
 }
 
-impl PeerDirectory for JobDirectory {
-    fn lookup(&self, rank: u32) -> Result<Vec<SocketAddr>, TransportError> {
-        let unreachable = |why: String| {
-            tracing::warn!(rank, "looking the peer up failed: {why}");
-            TransportError::PeerUnreachable(rank as usize)
-        };
+impl JobDirectory {
+    /// Reads `key` from the thread that owns the key-value connection, blocking the caller
+    /// (a transport on the progress path) for at most [`LOOKUP_PATIENCE`]. Failures name `rank`
+    /// as unreachable.
+    fn lookup_blocking(&self, rank: u32, key: String) -> Result<String, TransportError> {
         let (tx, rx) = std_mpsc::sync_channel(1);
         self.tx
             .send(Request::Get(
-                endpoint_key(rank),
+                key,
                 Box::new(move |r| {
                     let _ = tx.send(r);
                 }),
             ))
-            .map_err(|_| unreachable("the directory thread has ended".into()))?;
-        let value = rx
-            .recv_timeout(LOOKUP_PATIENCE)
-            .map_err(|_| unreachable(format!("no answer within {LOOKUP_PATIENCE:?}")))?
-            .map_err(unreachable)?;
-        decode_addrs(&value).ok_or_else(|| unreachable(format!("bad endpoint record {value:?}")))
+            .map_err(|_| unreachable(rank, "the directory thread has ended".into()))?;
+        rx.recv_timeout(LOOKUP_PATIENCE)
+            .map_err(|_| unreachable(rank, format!("no answer within {LOOKUP_PATIENCE:?}")))?
+            .map_err(|e| unreachable(rank, e))
+    }
+}
+
+fn unreachable(rank: u32, why: String) -> TransportError {
+    tracing::warn!(rank, "looking the peer up failed: {why}");
+    TransportError::PeerUnreachable(rank as usize)
+}
+
+impl PeerDirectory for JobDirectory {
+    fn lookup(&self, rank: u32) -> Result<Vec<SocketAddr>, TransportError> {
+        let value = self.lookup_blocking(rank, endpoint_key(rank))?;
+        decode_addrs(&value)
+            .ok_or_else(|| unreachable(rank, format!("bad endpoint record {value:?}")))
+    }
+}
+
+impl SegmentDirectory for JobDirectory {
+    fn lookup_segment(&self, rank: u32) -> Result<SegmentAddress, TransportError> {
+        let value = self.lookup_blocking(rank, segment_key(rank))?;
+        SegmentAddress::decode(&value)
+            .ok_or_else(|| unreachable(rank, format!("bad segment record {value:?}")))
     }
 }
 

@@ -1,5 +1,7 @@
-//! Joining a multi-process job: bind this rank's routes, publish them, meet the others, build
-//! the transport.
+//! Joining a multi-process job: set up this rank's shared-memory segment and UDP routes,
+//! publish them, meet the others, build the transport (`RANKWEAVE_TRANSPORT`: `auto` uses
+//! shared memory alone when every rank is on this host and shared memory beside UDP when
+//! not; `shm` and `udp` use one).
 //!
 //! Start-up follows Yu's scalable pattern: each rank publishes O(1) data (its route addresses,
 //! one key) and waits once for everyone; nothing is fetched yet. A peer's addresses are read
@@ -10,7 +12,9 @@
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
-use rankweave_core::{Communicator, Config, Error, TransportKind};
+use rankweave_core::{Communicator, Config, Error, Transport, TransportKind};
+use rankweave_transports::shm::{SegmentDirectory, ShmTransport};
+use rankweave_transports::split::SplitTransport;
 use rankweave_transports::udp::{self, UdpCarrier};
 
 use super::detect::Bootstrap;
@@ -28,19 +32,19 @@ fn launch_error(launcher: &str, message: impl Into<String>) -> Error {
 
 /// Joins the job `bootstrap` describes (not a singleton) and returns this rank's world
 /// communicator.
-pub(crate) async fn join(config: Config, bootstrap: Bootstrap) -> Result<Communicator, Error> {
+pub(crate) async fn join(mut config: Config, bootstrap: Bootstrap) -> Result<Communicator, Error> {
     let launcher_name = match &bootstrap {
         Bootstrap::Pmi(_) => "PMI-1",
         Bootstrap::Rendezvous(job) => job.launcher.name(),
         Bootstrap::Singleton => "singleton",
     };
     match config.transport {
-        TransportKind::Auto | TransportKind::Udp => {}
+        TransportKind::Auto | TransportKind::Udp | TransportKind::Shm => {}
         other => {
             return Err(launch_error(
                 launcher_name,
                 format!(
-                    "RANKWEAVE_TRANSPORT={other:?} cannot connect processes yet; use udp (or auto)"
+                    "RANKWEAVE_TRANSPORT={other:?} cannot connect processes; use auto, shm or udp"
                 ),
             ));
         }
@@ -50,6 +54,49 @@ pub(crate) async fn join(config: Config, bootstrap: Bootstrap) -> Result<Communi
         .map_err(|m| launch_error(launcher_name, m))?;
     let launcher = directory.launcher();
     let fail = |m: String| launch_error(launcher, m);
+    if config.transport == TransportKind::Shm && !me.all_local {
+        return Err(fail(
+            "RANKWEAVE_TRANSPORT=shm needs every rank on this host, but the launcher placed ranks on several hosts; use auto".into(),
+        ));
+    }
+    if config.spin_yield.is_none() {
+        // Ranks that outnumber the cores must take turns rather than spin out their slices.
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        config.spin_yield = Some(me.all_local && me.size as usize > cores);
+    }
+    // Shared memory needs no network at all when every rank is here.
+    let shm_only = config.transport == TransportKind::Shm
+        || (config.transport == TransportKind::Auto && me.all_local);
+    let local = match config.transport {
+        TransportKind::Udp => None,
+        _ => Some(
+            ShmTransport::new(
+                me.rank,
+                me.size,
+                config.shm,
+                config.peer_timeout,
+                Arc::new(directory.clone()),
+            )
+            .map_err(|e| fail(format!("setting up shared memory: {e}")))?,
+        ),
+    };
+    if let Some(local) = &local {
+        directory
+            .publish_segment(me.rank, &local.address())
+            .await
+            .map_err(|m| fail(format!("publishing this rank's segment: {m}")))?;
+    }
+    if shm_only {
+        directory
+            .fence()
+            .await
+            .map_err(|m| fail(format!("waiting for the other ranks at start-up: {m}")))?;
+        let local = local.ok_or_else(|| fail("no shared-memory transport".into()))?;
+        let comm =
+            Communicator::world(me.rank as usize, me.size as usize, Arc::new(local), config)?;
+        *JOINED.lock().unwrap_or_else(|p| p.into_inner()) = Some(directory);
+        return Ok(comm);
+    }
 
     let mut settings =
         udp::settings_for(&config).map_err(|e| fail(format!("RANKWEAVE_ROUTES: {e}")))?;
@@ -85,7 +132,14 @@ pub(crate) async fn join(config: Config, bootstrap: Bootstrap) -> Result<Communi
             .map_err(|m| fail(format!("reading the job key: {m}")))?,
     };
     let carrier = carrier.with_directory(Arc::new(directory.clone()), job_key, me.size);
-    let transport = udp::rank_transport(carrier, me.size, job_key, &config);
+    let network = udp::rank_transport(carrier, me.size, job_key, &config);
+    let transport: Arc<dyn Transport> = match local {
+        Some(local) => {
+            let segments: Arc<dyn SegmentDirectory> = Arc::new(directory.clone());
+            Arc::new(SplitTransport::new(local, network, segments))
+        }
+        None => network,
+    };
     let comm = Communicator::world(me.rank as usize, me.size as usize, transport, config)?;
     *JOINED.lock().unwrap_or_else(|p| p.into_inner()) = Some(directory);
     Ok(comm)

@@ -8,7 +8,8 @@
 //!   into a transport by the end-to-end reliability layer; [`udp`] is such a carrier, and
 //!   [`chaos`] a carrier decorator that injects faults.
 //!
-//! * [`shm`]: processes of one host, through shared-memory rings and single-copy reads.
+//! * [`shm`]: processes of one host, through shared-memory rings and single-copy reads;
+//!   [`split`] combines it with a network transport for jobs that span hosts.
 //!
 //! Verbs follow.
 
@@ -18,5 +19,6 @@ pub mod chaos;
 pub mod inproc;
 pub mod link;
 pub mod shm;
+pub mod split;
 mod sync;
 pub mod udp;

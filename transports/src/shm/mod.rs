@@ -62,12 +62,15 @@ pub struct SegmentAddress {
     pub pid: u32,
     /// The descriptor of its segment in that process.
     pub fd: i32,
+    /// The random number in the segment's header (and its signal socket's name): a mapped
+    /// segment is trusted only if it matches.
+    pub nonce: u64,
 }
 
 impl SegmentAddress {
-    /// `host:pid:fd` (no spaces or `=`, so a valid PMI-1 value).
+    /// `host:pid:fd:nonce` (no spaces or `=`, so a valid PMI-1 value).
     pub fn encode(&self) -> String {
-        format!("{}:{}:{}", self.host, self.pid, self.fd)
+        format!("{}:{}:{}:{:016x}", self.host, self.pid, self.fd, self.nonce)
     }
 
     /// The inverse of [`encode`](Self::encode); `None` for anything else.
@@ -76,9 +79,13 @@ impl SegmentAddress {
         let host = it.next().filter(|h| !h.is_empty())?.to_string();
         let pid = it.next()?.parse().ok()?;
         let fd = it.next()?.parse().ok()?;
-        it.next()
-            .is_none()
-            .then_some(SegmentAddress { host, pid, fd })
+        let nonce = u64::from_str_radix(it.next()?, 16).ok()?;
+        it.next().is_none().then_some(SegmentAddress {
+            host,
+            pid,
+            fd,
+            nonce,
+        })
     }
 }
 
@@ -199,19 +206,17 @@ impl std::fmt::Debug for ShmRank {
 }
 
 impl ShmTransport {
-    /// Creates rank `rank`'s segment and signal socket for a `world`-rank job with key
-    /// `job_key`. Peers are found through `directory` on first contact. After closing, the
+    /// Creates rank `rank`'s segment and signal socket for a `world`-rank job. Peers are found through `directory` on first contact. After closing, the
     /// transport waits at most `linger` for local peers to take what it sent. Must run
     /// inside a tokio runtime.
     pub fn new(
         rank: u32,
         world: u32,
-        job_key: u64,
         settings: ShmConfig,
         linger: Duration,
         directory: Arc<dyn SegmentDirectory>,
     ) -> Result<ShmTransport, TransportError> {
-        ShmRank::new(rank, world, job_key, settings, linger, directory)
+        ShmRank::new(rank, world, settings, linger, directory)
             .map(|r| ShmTransport { rank: Arc::new(r) })
     }
 }
@@ -300,7 +305,6 @@ impl ShmRank {
     fn new(
         rank: u32,
         world: u32,
-        job_key: u64,
         settings: ShmConfig,
         linger: Duration,
         directory: Arc<dyn SegmentDirectory>,
@@ -312,13 +316,12 @@ impl ShmRank {
         let me = Owner {
             rank,
             world,
-            job_key,
+            nonce: rankweave_core::rng::random_u64(),
             pid: std::process::id(),
         };
         let own =
             Segment::create(me, geometry).map_err(|m| io_error("creating the shm segment", m))?;
-        let signal =
-            SignalSocket::bind(job_key, rank).map_err(|m| io_error("shm signal socket", m))?;
+        let signal = SignalSocket::bind(me.nonce).map_err(|m| io_error("shm signal socket", m))?;
         Ok(ShmRank {
             me,
             settings,
@@ -349,6 +352,7 @@ impl ShmRank {
             host: self.host.clone(),
             pid: self.me.pid,
             fd: self.own.fd().unwrap_or(-1),
+            nonce: self.me.nonce,
         }
     }
 
@@ -435,7 +439,7 @@ impl ShmRank {
         let expected = Owner {
             rank,
             world: self.me.world,
-            job_key: self.me.job_key,
+            nonce: addr.nonce,
             pid: addr.pid,
         };
         let segment = Segment::open_peer(addr.pid, addr.fd, expected, self.geometry)?;
@@ -457,7 +461,7 @@ impl ShmRank {
             rank,
             pid: addr.pid,
             out: Mutex::new(out),
-            signal_addr: signal::address(self.me.job_key, rank)?,
+            signal_addr: signal::address(addr.nonce)?,
             segment,
             watch,
             gone: AtomicBool::new(false),
@@ -858,14 +862,12 @@ pub fn world(n: usize, config: &Config) -> Result<Vec<Communicator>, Error> {
         .ok()
         .filter(|&s| s > 0)
         .ok_or_else(|| Error::InvalidArgument(format!("{n} ranks")))?;
-    let job_key = rankweave_core::rng::random_u64();
     let directory = Arc::new(LocalSegments::default());
     let transports = (0..size)
         .map(|rank| {
             let t = ShmTransport::new(
                 rank,
                 size,
-                job_key,
                 config.shm,
                 config.peer_timeout,
                 directory.clone(),

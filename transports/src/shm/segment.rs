@@ -6,7 +6,7 @@
 //!
 //! | Offset              | Size             | What                                                       |
 //! |---------------------|------------------|------------------------------------------------------------|
-//! | 0                   | 64               | [`SegmentHeader`]: magic, version, owner, geometry          |
+//! | 0                   | 64               | [`SegmentHeader`]: magic, version, owner, nonce, geometry   |
 //! | 64                  | 64               | the owner's [`Doorbell`]                                   |
 //! | 128                 | 64               | number of registered senders (`u32`)                       |
 //! | 192                 | 4 × world, to 64 | registered senders, in registration order (rank + 1)       |
@@ -45,7 +45,8 @@ pub(crate) struct SegmentHeader {
     world: u32,
     /// The owner's process id.
     pid: u32,
-    job_key: u64,
+    /// A random number the owner drew for this segment and published beside its address.
+    nonce: u64,
     ring_capacity: u32,
     ring_unit: u32,
     /// The segment's length in bytes.
@@ -73,7 +74,7 @@ pub(crate) const SINGLE_COPY_NO: u32 = 2;
 pub(crate) struct Owner {
     pub(crate) rank: u32,
     pub(crate) world: u32,
-    pub(crate) job_key: u64,
+    pub(crate) nonce: u64,
     pub(crate) pid: u32,
 }
 
@@ -160,7 +161,10 @@ impl Segment {
         }
         let layout = Layout::new(owner.world, geometry)
             .ok_or_else(|| format!("a segment for {} ranks is too large", owner.world))?;
-        let name = CString::new(format!("rankweave-{}", owner.rank)).unwrap_or_default();
+        // The creator's pid in the name lets anyone check that no process still holds a
+        // segment of a job that is gone (see /proc/*/maps).
+        let name =
+            CString::new(format!("rankweave-{}-r{}", owner.pid, owner.rank)).unwrap_or_default();
         // SAFETY: plain system call with a valid C string.
         let raw = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
         if raw < 0 {
@@ -188,7 +192,7 @@ impl Segment {
                 rank: owner.rank,
                 world: owner.world,
                 pid: owner.pid,
-                job_key: owner.job_key,
+                nonce: owner.nonce,
                 ring_capacity: geometry.capacity as u32,
                 ring_unit: geometry.unit as u32,
                 len: layout.len as u64,
@@ -233,7 +237,7 @@ impl Segment {
         let found = Owner {
             rank: h.rank,
             world: h.world,
-            job_key: h.job_key,
+            nonce: h.nonce,
             pid: h.pid,
         };
         if h.magic != MAGIC

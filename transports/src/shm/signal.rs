@@ -5,7 +5,7 @@
 //! UCX's shared-memory transport wakes its peers the same way. A futex would need a thread of
 //! its own to block on (the progress engine is a task, and tasks must not block), and an
 //! eventfd cannot be opened by an unrelated process without passing descriptors; a socket
-//! in the abstract namespace has a name peers can compute (job key and rank), wakes the task in
+//! in the abstract namespace has a name peers can compute (from the segment's nonce), wakes the task in
 //! one kernel hand-off, and, having no file, is gone when the process is.
 
 use std::io::ErrorKind;
@@ -16,9 +16,9 @@ use std::task::{Context, Poll};
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
 
-/// The abstract socket address of rank `rank` of the job with key `job_key`.
-pub(crate) fn address(job_key: u64, rank: u32) -> Result<SocketAddr, String> {
-    SocketAddr::from_abstract_name(format!("rankweave.{job_key:016x}.{rank}"))
+/// The abstract socket address of the rank whose segment has nonce `nonce`.
+pub(crate) fn address(nonce: u64) -> Result<SocketAddr, String> {
+    SocketAddr::from_abstract_name(format!("rankweave.{nonce:016x}"))
         .map_err(|e| format!("signal address: {e}"))
 }
 
@@ -29,9 +29,10 @@ pub(crate) struct SignalSocket {
 }
 
 impl SignalSocket {
-    /// Binds rank `rank`'s socket. Must run inside a tokio runtime.
-    pub(crate) fn bind(job_key: u64, rank: u32) -> Result<SignalSocket, String> {
-        let addr = address(job_key, rank)?;
+    /// Binds the socket of the rank whose segment has nonce `nonce`. Must run inside a tokio
+    /// runtime.
+    pub(crate) fn bind(nonce: u64) -> Result<SignalSocket, String> {
+        let addr = address(nonce)?;
         let socket =
             UnixDatagram::bind_addr(&addr).map_err(|e| format!("binding {addr:?}: {e}"))?;
         socket

@@ -16,11 +16,10 @@ fn settings(ring_bytes: usize, single_copy: bool) -> ShmConfig {
 
 /// `n` transports of one job in this process.
 fn job(n: u32, s: ShmConfig) -> Vec<ShmTransport> {
-    let key = rankweave_core::rng::random_u64();
     let dir = Arc::new(LocalSegments::default());
     (0..n)
         .map(|r| {
-            let t = ShmTransport::new(r, n, key, s, Duration::from_secs(1), dir.clone()).unwrap();
+            let t = ShmTransport::new(r, n, s, Duration::from_secs(1), dir.clone()).unwrap();
             dir.publish(r, t.address());
             t
         })
@@ -257,9 +256,10 @@ fn segment_addresses_round_trip_and_junk_is_refused() {
         host: "00ff".into(),
         pid: 42,
         fd: 7,
+        nonce: 0xdead_beef,
     };
     assert_eq!(SegmentAddress::decode(&a.encode()), Some(a));
-    for junk in ["", "h:1", "h:x:1", "h:1:2:3", ":1:2"] {
+    for junk in ["", "h:1", "h:x:1:0", "h:1:2:3:4", ":1:2:3", "h:1:2:zz"] {
         assert_eq!(SegmentAddress::decode(junk), None, "{junk:?}");
     }
 }

@@ -1,0 +1,247 @@
+//! Multi-process jobs over shared memory (what `rwrun` jobs use by default: every rank on one
+//! host): messages of 0 B to 64 MiB between 2, 4 and 8 processes with every byte checked, the
+//! pipelined path through small rings (wrap-around and back-pressure), a rank killed in the
+//! middle of a large transfer, and no shared memory left behind after `kill -9` of everything.
+//!
+//! The failure tests run this test binary itself as the job's processes: with `RW_SHM_CHILD`
+//! set, the `child` test below plays one rank instead of being a no-op.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{assert_every_rank_reported, example, run_with_deadline};
+
+fn exchange(n: usize, sizes: Option<&str>, env: &[(&str, &str)]) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_rwrun"));
+    cmd.args(["-n", &n.to_string(), "--no-tag-output"])
+        .arg(example("exchange"))
+        .env_remove("RANKWEAVE_TRANSPORT");
+    if let Some(s) = sizes {
+        cmd.arg(s);
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = run_with_deadline(cmd, Duration::from_secs(120));
+    assert_every_rank_reported(&out, n, "bytes checked");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let single_copy_off = env.contains(&("RANKWEAVE_SHM_SINGLE_COPY", "off"));
+    for line in stdout.lines().filter(|l| l.contains("bytes checked")) {
+        // Large messages really took the path under test.
+        let wanted = if single_copy_off {
+            "single copy 0,"
+        } else {
+            "pipelined 0)"
+        };
+        assert!(line.contains(wanted), "{line}");
+    }
+}
+
+#[test]
+fn two_processes_exchange_0_to_64_mib() {
+    exchange(2, None, &[]);
+}
+
+#[test]
+fn four_processes_exchange_0_to_64_mib() {
+    exchange(4, None, &[]);
+}
+
+#[test]
+fn eight_processes_exchange_0_to_64_mib() {
+    exchange(8, None, &[]);
+}
+
+/// Without single copy everything large is pipelined through 4 KiB rings: they wrap around
+/// thousands of times and senders are held back whenever a ring is full.
+#[test]
+fn small_rings_without_single_copy_wrap_and_hold_senders_back() {
+    exchange(
+        4,
+        Some("0,1,1000,3000,65536,1048576,4194304"),
+        &[
+            ("RANKWEAVE_SHM_SINGLE_COPY", "off"),
+            ("RANKWEAVE_SHM_RING", "4k"),
+        ],
+    );
+}
+
+/// One rank of the failure jobs (only inside a child process). It prints its pid first. In
+/// `RW_SHM_CHILD=victim` jobs rank 2 starts a 64 MiB send to rank 0 and is killed (SIGKILL)
+/// while rank 0 reads it; the others must fail with `PeerFailed { rank: 2 }`. In
+/// `RW_SHM_CHILD=forever` jobs the ranks exchange messages until killed.
+#[test]
+fn child() {
+    let Ok(mode) = std::env::var("RW_SHM_CHILD") else {
+        return;
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let world = rankweave::init().await.expect("init");
+        let (me, n) = (world.rank(), world.size());
+        println!("pid {}", std::process::id());
+        let victim = 2;
+        for round in 0u32.. {
+            if mode == "victim" && me == victim && round == 3 {
+                // The send starts now; the kill comes while rank 0 is taking the data in.
+                let _send = world.send(0, round, vec![7u8; 64 << 20]);
+                std::thread::sleep(Duration::from_millis(2));
+                // SAFETY: raise(2) with SIGKILL ends this process, as a crash would.
+                unsafe { libc::raise(libc::SIGKILL) };
+            }
+            let right = (me + 1) % n;
+            let left = (me + n - 1) % n;
+            let result = async {
+                // Rank 0 takes the victim's last message in; rank 1 waits for one that never
+                // comes. Both must learn of the death.
+                if mode == "victim" && me != victim && round == 3 {
+                    world.recv(victim, round).await?;
+                }
+                let send = world.send(right, round, vec![me as u8; 1 << 20]);
+                world.recv(left, round).await?;
+                send.await
+            }
+            .await;
+            if let Err(e) = result {
+                println!("rank {me} of {n}: {e:?}");
+                std::process::exit(if matches!(e, rankweave::Error::PeerFailed { rank: 2 }) {
+                    0
+                } else {
+                    1
+                });
+            }
+        }
+    });
+}
+
+/// Every shared-memory segment a process of `pids` created and that some process still
+/// maps or holds open (the segments are memfds named `rankweave-<creator pid>-r<rank>`).
+fn segments_still_held(pids: &[u32]) -> Vec<String> {
+    let names: Vec<String> = pids.iter().map(|p| format!("rankweave-{p}-r")).collect();
+    let mut held = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let dir = entry.path();
+        if let Ok(maps) = std::fs::read_to_string(dir.join("maps")) {
+            for line in maps.lines() {
+                if names.iter().any(|n| line.contains(n.as_str())) {
+                    held.push(format!("{}: {line}", dir.display()));
+                }
+            }
+        }
+        if let Ok(fds) = std::fs::read_dir(dir.join("fd")) {
+            for fd in fds.flatten() {
+                let target = std::fs::read_link(fd.path()).unwrap_or_default();
+                let target = target.to_string_lossy();
+                if names.iter().any(|n| target.contains(n.as_str())) {
+                    held.push(format!("{}: {target}", fd.path().display()));
+                }
+            }
+        }
+    }
+    held
+}
+
+fn dev_shm_entries() -> Vec<String> {
+    std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.contains("rankweave"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn pids_in(stdout: &str) -> Vec<u32> {
+    stdout
+        .lines()
+        .filter_map(|l| l.split("pid ").nth(1))
+        .filter_map(|p| p.trim().parse().ok())
+        .collect()
+}
+
+#[test]
+fn a_rank_killed_mid_transfer_fails_its_peers_and_leaves_nothing_behind() {
+    let exe = std::env::current_exe().unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_rwrun"));
+    cmd.args(["-n", "3", "--grace", "10", "--no-tag-output", "--"])
+        .arg(&exe)
+        .args(["--exact", "child", "--nocapture", "--test-threads", "1"])
+        .env("RW_SHM_CHILD", "victim")
+        .env_remove("RANKWEAVE_TRANSPORT");
+    let out = run_with_deadline(cmd, Duration::from_secs(60));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(137), "{stdout}\n{stderr}");
+    for r in [0, 1] {
+        let line = format!("rank {r} of 3: PeerFailed {{ rank: 2 }}");
+        assert!(stdout.contains(&line), "no {line:?} in\n{stdout}\n{stderr}");
+    }
+    let pids = pids_in(&stdout);
+    assert_eq!(pids.len(), 3, "{stdout}");
+    assert_eq!(segments_still_held(&pids), Vec::<String>::new());
+    assert_eq!(dev_shm_entries(), Vec::<String>::new());
+}
+
+#[test]
+fn kill_9_of_every_rank_and_the_launcher_leaves_no_shared_memory() {
+    let exe = std::env::current_exe().unwrap();
+    let mut rwrun = Command::new(env!("CARGO_BIN_EXE_rwrun"))
+        .args(["-n", "4", "--no-tag-output", "--"])
+        .arg(&exe)
+        .args(["--exact", "child", "--nocapture", "--test-threads", "1"])
+        .env("RW_SHM_CHILD", "forever")
+        .env_remove("RANKWEAVE_TRANSPORT")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = rwrun.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut pids = Vec::new();
+    let until = Instant::now() + Duration::from_secs(30);
+    while pids.len() < 4 && Instant::now() < until {
+        if let Ok(line) = rx.recv_timeout(Duration::from_millis(100)) {
+            pids.extend(pids_in(&line));
+        }
+    }
+    assert_eq!(pids.len(), 4, "the ranks did not start");
+    // Let them exchange (and map each other's segments) for a moment.
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        !segments_still_held(&pids).is_empty(),
+        "the running job should hold its segments (the check would be meaningless otherwise)"
+    );
+    // SAFETY: kill(2) on processes this test started.
+    unsafe {
+        libc::kill(rwrun.id() as i32, libc::SIGKILL);
+        for &p in &pids {
+            libc::kill(p as i32, libc::SIGKILL);
+        }
+    }
+    let _ = rwrun.wait();
+    // The kernel frees a memfd when its last holder is gone; give it the moment it needs to
+    // reap the killed processes.
+    let until = Instant::now() + Duration::from_secs(10);
+    let mut held = segments_still_held(&pids);
+    while !held.is_empty() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(50));
+        held = segments_still_held(&pids);
+    }
+    assert_eq!(held, Vec::<String>::new());
+    assert_eq!(dev_shm_entries(), Vec::<String>::new());
+}

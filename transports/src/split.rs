@@ -1,0 +1,159 @@
+//! Shared memory to the ranks on this host, the network to the others: what
+//! `RANKWEAVE_TRANSPORT=auto` runs in a job that spans hosts.
+//!
+//! A [`SplitTransport`] holds a [`ShmTransport`] and a network transport. The first frame to a
+//! peer looks the peer's segment address up (the same lookup the shared-memory transport makes):
+//! equal host keys send it through shared memory, others over the network; the choice is kept
+//! for the job's life, so the frames from one rank to another always take one path and stay in
+//! order. Both transports deliver into the same drain, and the progress engine sleeps on both.
+//!
+//! A frame may be no larger than the network allows (the smaller of the two limits), so
+//! large messages to local peers are split as for remote ones; a job whose ranks all share one
+//! host runs over shared memory alone and has no such limit.
+
+use std::sync::{Arc, RwLock};
+use std::task::{Context, Poll};
+
+use rankweave_core::frame::Frame;
+use rankweave_core::{Arrival, Capabilities, Transport, TransportError, TransportStats};
+use rustc_hash::FxHashMap;
+
+use crate::shm::{SegmentDirectory, ShmTransport};
+
+/// Which transport carries the traffic to one peer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Path {
+    SharedMemory,
+    Network,
+}
+
+/// See the [module docs](self).
+pub struct SplitTransport {
+    local: ShmTransport,
+    network: Arc<dyn Transport>,
+    host: String,
+    directory: Arc<dyn SegmentDirectory>,
+    paths: RwLock<FxHashMap<u32, Path>>,
+}
+
+impl std::fmt::Debug for SplitTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SplitTransport")
+            .field("rank", &self.local.rank())
+            .finish()
+    }
+}
+
+impl SplitTransport {
+    /// Local peers through `local`, the others through `network`; `directory` tells which is
+    /// which (by the host key in each rank's segment address).
+    pub fn new(
+        local: ShmTransport,
+        network: Arc<dyn Transport>,
+        directory: Arc<dyn SegmentDirectory>,
+    ) -> SplitTransport {
+        SplitTransport {
+            host: local.address().host,
+            local,
+            network,
+            directory,
+            paths: RwLock::new(FxHashMap::default()),
+        }
+    }
+
+    fn path(&self, to: u32) -> Result<Path, TransportError> {
+        if to == self.local.rank() {
+            return Ok(Path::SharedMemory);
+        }
+        if let Some(p) = self
+            .paths
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&to)
+        {
+            return Ok(*p);
+        }
+        let addr = self.directory.lookup_segment(to)?;
+        let path = if addr.host == self.host {
+            Path::SharedMemory
+        } else {
+            Path::Network
+        };
+        self.paths
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(to, path);
+        Ok(path)
+    }
+}
+
+impl Transport for SplitTransport {
+    fn capabilities(&self) -> Capabilities {
+        let a = self.local.capabilities();
+        let b = self.network.capabilities();
+        Capabilities {
+            reliable: a.reliable && b.reliable,
+            ordered: a.ordered && b.ordered,
+            max_payload: a.max_payload.min(b.max_payload),
+            multicast: a.multicast && b.multicast,
+            rdma: a.rdma && b.rdma,
+            by_reference: a.by_reference && b.by_reference,
+        }
+    }
+
+    fn send(&self, to: u32, frame: Frame) -> Result<(), TransportError> {
+        match self.path(to)? {
+            Path::SharedMemory => self.local.send(to, frame),
+            Path::Network => self.network.send(to, frame),
+        }
+    }
+
+    fn drain(&self, out: &mut Vec<Arrival>) -> Result<usize, TransportError> {
+        let a = self.local.drain(out)?;
+        let b = self.network.drain(out)?;
+        Ok(a + b)
+    }
+
+    fn poll_arrival(&self, cx: &mut Context<'_>) -> Poll<()> {
+        // Both register the waker; either may wake the engine.
+        let a = self.local.poll_arrival(cx);
+        let b = self.network.poll_arrival(cx);
+        if a.is_ready() || b.is_ready() {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    }
+
+    fn may_have_arrivals(&self) -> bool {
+        self.local.may_have_arrivals() || self.network.may_have_arrivals()
+    }
+
+    fn begin_busy_poll(&self) {
+        self.local.begin_busy_poll();
+        self.network.begin_busy_poll();
+    }
+
+    fn end_busy_poll(&self) {
+        self.local.end_busy_poll();
+        self.network.end_busy_poll();
+    }
+
+    fn close(&self) {
+        self.local.close();
+        self.network.close();
+    }
+
+    fn is_drained(&self) -> bool {
+        // Both are asked every time: each does its own lingering work when asked.
+        let a = self.local.is_drained();
+        let b = self.network.is_drained();
+        a && b
+    }
+
+    fn stats(&self) -> TransportStats {
+        let mut s = self.network.stats();
+        s.shm = self.local.stats().shm;
+        s
+    }
+}
