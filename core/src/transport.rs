@@ -74,9 +74,16 @@ pub trait Transport: Send + Sync + 'static {
     /// progress engine while at least one is active. Calls nest.
     fn begin_busy_poll(&self) {}
 
-    /// A busy poller stopped. The transport must make sure nothing that arrived meanwhile is left
-    /// without someone to process it (wake the parked progress engine if anything is waiting).
+    /// A busy poller stopped (it ends every short burst; it may start again at once). The
+    /// transport must make sure nothing that arrived meanwhile is left without someone to
+    /// process it: wake the parked progress engine if anything is waiting, or (a transport
+    /// whose wake-ups are costly for its peers) have it look again within a short bound.
     fn end_busy_poll(&self) {}
+
+    /// A waiting future stopped busy-polling and parked: from now on only the progress engine
+    /// will notice arrivals for it, so they must wake it promptly. Transports that keep their
+    /// wake-up path switched off between busy-poll bursts switch it on here.
+    fn waiter_parked(&self) {}
 
     /// This rank is shutting down: peers should learn it is gone (after everything it sent).
     fn close(&self) {}

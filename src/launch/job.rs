@@ -61,7 +61,11 @@ pub(crate) async fn join(mut config: Config, bootstrap: Bootstrap) -> Result<Com
     }
     if config.spin_yield.is_none() {
         // Ranks that outnumber the cores must take turns rather than spin out their slices.
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        // The host's cores, not this process's affinity mask: ranks pinned one per core
+        // (`rwrun --bind-to core`) see one core each but do not compete.
+        // SAFETY: sysconf has no preconditions.
+        let online = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+        let cores = usize::try_from(online).unwrap_or(1).max(1);
         config.spin_yield = Some(me.all_local && me.size as usize > cores);
     }
     // Shared memory needs no network at all when every rank is here.

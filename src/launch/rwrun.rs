@@ -161,6 +161,8 @@ Options:
                         SIGTERM, then SIGKILL after the grace period, and rwrun exits 124
       --grace SECS      how long ranks may take to exit after a rank failed, a signal was
                         forwarded or the timeout passed, before SIGKILL (default 2)
+      --bind-to WHAT    core: pin rank r to core r mod the number of cores (as mpiexec's
+                        -bind-to core); none: let the kernel place ranks (default)
       --tag-output      prefix every line of output with the rank, as \"[2] hello\" (default)
       --no-tag-output   pass output through without prefixes (still whole lines)
   -h, --help            print this help
@@ -217,6 +219,9 @@ pub struct RwrunOptions {
     pub grace: Duration,
     /// Prefix output lines with the rank (`--tag-output`, the default).
     pub tag_output: bool,
+    /// `--bind-to core`: pin rank r to core r mod the number of cores, as MPI launchers do
+    /// for benchmarks (`--bind-to none`, the default, lets the kernel place ranks).
+    pub bind_to_core: bool,
     /// The program every rank runs.
     pub program: OsString,
     /// Its arguments.
@@ -235,6 +240,7 @@ impl RwrunOptions {
             timeout: None,
             grace: DEFAULT_GRACE,
             tag_output: true,
+            bind_to_core: false,
             program: program.into(),
             args: Vec::new(),
         }
@@ -400,6 +406,20 @@ where
             "--grace" => {
                 let v = value(&mut args)?;
                 opts.grace = parse_secs(&name, &v, true)?;
+            }
+            "--bind-to" => {
+                let v = value(&mut args)?;
+                opts.bind_to_core = match v.trim() {
+                    "core" => true,
+                    "none" => false,
+                    _ => {
+                        return Err(UsageError::InvalidValue {
+                            option: name.clone(),
+                            value: v,
+                            expected: "core or none".into(),
+                        });
+                    }
+                };
             }
             _ => return Err(UsageError::UnknownOption(text)),
         }
@@ -987,6 +1007,23 @@ async fn supervise(opts: &RwrunOptions, out: &Sink, err: &Sink) -> ExitOutcome {
         // A group of its own per rank: signals reach the rank's children too (`sh -c` running
         // `sleep`), and a terminal's Ctrl-C reaches rwrun only, which forwards it once.
         .process_group(0);
+        if opts.bind_to_core {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let core = rank % cores;
+            // SAFETY: the closure runs in the child between fork and exec and calls only
+            // sched_setaffinity(2), which is async-signal-safe, on a mask on its own stack.
+            unsafe {
+                cmd.pre_exec(move || {
+                    let mut set: libc::cpu_set_t = std::mem::zeroed();
+                    libc::CPU_SET(core, &mut set);
+                    if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0
+                    {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
         let mut child: Child = match cmd.spawn() {
             Ok(c) => c,
             Err(source) => {
@@ -1273,8 +1310,16 @@ mod tests {
             "--no-tag-output",
             "--routes",
             "127.0.0.1",
+            "--bind-to",
+            "core",
             "prog",
         ]);
+        assert!(o.bind_to_core);
+        assert!(!run_opts(&["-n", "1", "--bind-to=none", "p"]).bind_to_core);
+        assert!(matches!(
+            parse_args(["-n", "1", "--bind-to", "socket", "p"]),
+            Err(UsageError::InvalidValue { .. })
+        ));
         assert_eq!(o.transport.as_deref(), Some("udp"));
         assert_eq!(o.chaos.as_deref(), Some("loss=0.1,seed=3"));
         assert_eq!(o.peer_timeout.as_deref(), Some("1.5"));

@@ -25,7 +25,7 @@ OPTIONS:
   --bench LIST       comma-separated benchmarks (default: latency,bw,bibw,mr,barrier,bcast,
                      reduce,allreduce,allgather,alltoall)
   --config LIST      comma-separated configurations (default: shm,oversubscribed):
-                       shm             2 ranks, one per core, shared memory (rankweave: in-process)
+                       shm             2 ranks, one per core, shared memory (one process per rank)
                        oversubscribed  4 ranks on the 2 cores
                        udp             rankweave over UDP (reliability on) vs MPI over TCP
   --startup          instead of the OSU benchmarks, the start-up benchmark: launch to exit of

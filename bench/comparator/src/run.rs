@@ -31,7 +31,7 @@ impl Impl {
 /// A machine configuration to measure in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Config {
-    /// 2 ranks, one per core, shared memory (rankweave: in-process ranks).
+    /// 2 ranks, one per core, shared memory (one process per rank, pinned).
     Shm,
     /// 4 ranks on the 2 cores.
     Oversubscribed,
@@ -118,9 +118,15 @@ fn command(plan: &Plan, imp: Impl, config: Config, bench: &str) -> Result<Comman
             c
         }
         Impl::Rankweave => {
-            // In-process ranks until the shared-memory transport exists.
-            let mut c = Command::new(root.join("target/release/rw-bench"));
-            c.arg(bench).args(["--ranks", &n]);
+            // One process per rank on this host: rwrun's default transport is shared memory.
+            let mut c = Command::new(root.join("target/release/rwrun"));
+            c.args(["-n", &n, "--no-tag-output"]);
+            if pinned {
+                c.args(["--bind-to", "core"]);
+            }
+            c.arg("--")
+                .arg(root.join("target/release/rw-bench"))
+                .arg(bench);
             c
         }
         Impl::Mpich => {

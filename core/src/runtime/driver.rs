@@ -250,6 +250,7 @@ impl Driver {
             return Poll::Pending;
         }
         // Park: register, then check once more so a completion between the two is not missed.
+        self.transport.waiter_parked();
         self.with_pumped(|st| match check(st) {
             Some(r) => Poll::Ready(r),
             None => {

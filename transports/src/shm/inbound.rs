@@ -94,9 +94,12 @@ impl Inbound {
         self.stream.broken
     }
 
-    /// Gives the ring up.
-    pub(crate) fn break_off(&mut self) {
+    /// Gives the ring up (its sender vanished).
+    pub(crate) fn break_off(&mut self, own: &Segment) {
         self.stream.broken = true;
+        if let Some((control, _)) = own.ring(self.stream.sender) {
+            self.consumer.discard_all(control);
+        }
     }
 
     /// Whether records wait (a cheap look).
@@ -141,6 +144,11 @@ impl Inbound {
                     }
                 }
             }
+        }
+        if stream.said_bye || stream.broken {
+            // Nothing after a goodbye or a broken record is read: drop it all, so the ring
+            // does not look unread forever.
+            self.consumer.discard_all(control);
         }
         outcome.producer_waits = self.consumer.release(control);
         outcome

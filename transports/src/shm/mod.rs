@@ -28,9 +28,11 @@ mod segment;
 mod signal;
 
 use std::collections::VecDeque;
+use std::future::Future;
 use std::os::unix::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
@@ -134,7 +136,16 @@ struct Park {
     waker: Option<Waker>,
     /// Futures busy-polling now: while any is, the doorbell stays disarmed.
     busy: u32,
+    /// While futures spin, the doorbell stays disarmed between their bursts too (arming it
+    /// would make every producer pay a signal for a rank that is about to look anyway); this
+    /// timer makes the sleeping progress task look again soon, in case they stopped without
+    /// parking (see `waiter_parked`).
+    recheck: Option<Pin<Box<tokio::time::Sleep>>>,
 }
+
+/// How soon a progress task that could not arm the doorbell (futures were spinning) looks
+/// again.
+const RECHECK: Duration = Duration::from_millis(1);
 
 #[derive(Default)]
 struct Counters {
@@ -180,7 +191,12 @@ pub struct ShmRank {
     own: Segment,
     signal: SignalSocket,
     directory: Arc<dyn SegmentDirectory>,
-    peers: RwLock<FxHashMap<u32, Arc<Peer>>>,
+    /// Connected peers by rank (set once each: looked up without a lock on every send).
+    peers: Box<[OnceLock<Arc<Peer>>]>,
+    /// The same peers, for iteration.
+    connected: RwLock<Vec<Arc<Peer>>>,
+    /// Peers marked gone and not yet reported lost.
+    unreported: AtomicUsize,
     /// Serializes connection set-up (so a peer is mapped once).
     connecting: Mutex<()>,
     inbound: Mutex<InboundSet>,
@@ -273,19 +289,67 @@ impl Transport for ShmTransport {
     }
 
     fn poll_arrival(&self, cx: &mut Context<'_>) -> Poll<()> {
-        self.rank.poll_arrival(cx)
+        let doorbell = self.own.doorbell();
+        let ready = |park: &mut Park| {
+            park.waker = None;
+            park.recheck = None;
+            doorbell.disarm();
+            Poll::Ready(())
+        };
+        // Always looked at (it also registers the waker for exits), even when busy.
+        self.poll_exits(cx);
+        let signalled = self.signal.poll_signalled(cx).is_ready();
+        let mut park = lock(&self.park);
+        park.waker = Some(cx.waker().clone());
+        if park.busy > 0 {
+            // A future is busy-polling and takes in what arrives; only losses need us now.
+            if self.unreported.load(Ordering::Acquire) > 0 {
+                return ready(&mut park);
+            }
+            return self.poll_recheck(&mut park, cx);
+        }
+        if signalled || self.has_work() {
+            return ready(&mut park);
+        }
+        doorbell.arm();
+        if self.has_work() {
+            return ready(&mut park);
+        }
+        park.recheck = None;
+        Poll::Pending
     }
 
     fn may_have_arrivals(&self) -> bool {
-        self.rank.may_have_arrivals()
+        self.has_work()
     }
 
     fn begin_busy_poll(&self) {
-        self.rank.begin_busy_poll();
+        let mut park = lock(&self.park);
+        park.busy += 1;
+        self.own.doorbell().disarm();
     }
 
     fn end_busy_poll(&self) {
-        self.rank.end_busy_poll();
+        // The doorbell stays disarmed: the poller usually starts its next burst at once. If it
+        // parks instead, `waiter_parked` arms it; if it finished, the progress task's recheck
+        // timer does.
+        let mut park = lock(&self.park);
+        park.busy = park.busy.saturating_sub(1);
+    }
+
+    fn waiter_parked(&self) {
+        let park = lock(&self.park);
+        if park.busy == 0 && park.waker.is_some() {
+            self.own.doorbell().arm();
+            // Anything that arrived before the arm is taken in by the parking future's own
+            // check (the driver pumps after this) or wakes the progress task here.
+            if self.has_work() {
+                self.own.doorbell().disarm();
+                if let Some(w) = &park.waker {
+                    w.wake_by_ref();
+                }
+            }
+        }
     }
 
     fn close(&self) {
@@ -330,7 +394,9 @@ impl ShmRank {
             own,
             signal,
             directory,
-            peers: RwLock::new(FxHashMap::default()),
+            peers: (0..world).map(|_| OnceLock::new()).collect(),
+            connected: RwLock::new(Vec::new()),
+            unreported: AtomicUsize::new(0),
             connecting: Mutex::new(()),
             inbound: Mutex::new(InboundSet::default()),
             loopback: Mutex::new(VecDeque::new()),
@@ -379,21 +445,21 @@ impl ShmRank {
         s
     }
 
-    fn peer_if_connected(&self, rank: u32) -> Option<Arc<Peer>> {
-        self.peers
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&rank)
-            .cloned()
+    fn peer_if_connected(&self, rank: u32) -> Option<&Arc<Peer>> {
+        self.peers.get(rank as usize)?.get()
     }
 
     /// The peer `rank`, mapped on first use.
-    fn peer(&self, rank: u32) -> Result<Arc<Peer>, TransportError> {
+    fn peer(&self, rank: u32) -> Result<&Arc<Peer>, TransportError> {
         if let Some(p) = self.peer_if_connected(rank) {
             return Ok(p);
         }
+        let slot = self
+            .peers
+            .get(rank as usize)
+            .ok_or(TransportError::PeerUnreachable(rank as usize))?;
         let _one_at_a_time = lock(&self.connecting);
-        if let Some(p) = self.peer_if_connected(rank) {
+        if let Some(p) = slot.get() {
             return Ok(p);
         }
         let peer = Arc::new(self.connect(rank).map_err(|why| {
@@ -404,11 +470,18 @@ impl ShmRank {
             );
             TransportError::PeerUnreachable(rank as usize)
         })?);
-        self.peers
+        self.connected
             .write()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(rank, Arc::clone(&peer));
-        Ok(peer)
+            .push(Arc::clone(&peer));
+        Ok(slot.get_or_init(|| peer))
+    }
+
+    /// Marks `peer` gone (exited, said BYE or broke its ring); it is reported lost once.
+    fn mark_gone(&self, peer: &Peer) {
+        if !peer.gone.swap(true, Ordering::AcqRel) {
+            self.unreported.fetch_add(1, Ordering::AcqRel);
+        }
     }
 
     fn connect(&self, rank: u32) -> Result<Peer, String> {
@@ -505,12 +578,10 @@ impl ShmRank {
     }
 
     fn connected_peers(&self) -> Vec<Arc<Peer>> {
-        self.peers
+        self.connected
             .read()
             .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .cloned()
-            .collect()
+            .clone()
     }
 
     /// Whether records wait for ring space that has been freed.
@@ -541,22 +612,15 @@ impl ShmRank {
         }
     }
 
-    /// Whether anything needs the progress engine: records in a ring, new senders, frames
-    /// to self, queued records, or a peer to report lost. Conservative (`true`) while another
-    /// thread is reading the rings.
+    /// Whether anything needs the progress engine: records in a ring, frames to self, queued
+    /// records that now fit, or a peer to report lost. Lock-free.
     fn has_work(&self) -> bool {
         if self.loopback_len.load(Ordering::Acquire) > 0 || self.can_flush() {
             return true;
         }
-        let Ok(inbound) = self.inbound.try_lock() else {
-            return true;
-        };
-        self.own.has_new_senders(inbound.known)
-            || inbound.rings.iter().any(|r| r.has_records(&self.own))
-            || self
-                .connected_peers()
-                .iter()
-                .any(|p| p.gone.load(Ordering::Acquire) && !p.reported.load(Ordering::Acquire))
+        // Rings of senders that said goodbye or broke may hold records never to be read;
+        // they are rare, and the cost is one spurious pump.
+        self.unreported.load(Ordering::Acquire) > 0 || self.own.has_unread()
     }
 
     /// Reads every ring; frames go to `out` unless `discard`.
@@ -586,14 +650,14 @@ impl ShmRank {
             }
             // A sender may have written its last records and exited (or closed) before this
             // rank ever looked: what it left is read even when it can no longer be mapped.
-            let peer = self.peer(ring.sender()).ok();
+            let peer = self.peer(ring.sender()).ok().cloned();
             let pid = peer.as_ref().map_or(0, |p| p.pid);
             let outcome = ring.read(&self.own, pid, discard, READ_BUDGET, out, &mut effects);
             bump(&self.counters.malformed_dropped, outcome.malformed as u64);
             bump(&self.counters.bytes_received, outcome.bytes as u64);
             let Some(peer) = peer else {
                 if !ring.has_records(&self.own) {
-                    ring.break_off();
+                    ring.break_off(&self.own);
                     bump(&self.counters.peers_lost, 1);
                     lost.push(ring.sender());
                 }
@@ -601,7 +665,7 @@ impl ShmRank {
                 continue;
             };
             if ring.is_broken() || ring.said_bye() {
-                peer.gone.store(true, Ordering::Release);
+                self.mark_gone(&peer);
             }
             for e in effects.drain(..) {
                 let me = self.me.rank;
@@ -633,19 +697,24 @@ impl ShmRank {
         out.len() - before
     }
 
-    /// Reports peers that are gone, once each, after their rings were read.
-    fn report_lost(&self, out: &mut Vec<Arrival>) -> usize {
+    /// Peers that are gone and not yet reported (cheap when there are none).
+    fn gone_unreported(&self) -> Vec<Arc<Peer>> {
+        if self.unreported.load(Ordering::Acquire) == 0 {
+            return Vec::new();
+        }
+        self.connected_peers()
+            .into_iter()
+            .filter(|p| p.gone.load(Ordering::Acquire) && !p.reported.load(Ordering::Acquire))
+            .collect()
+    }
+
+    /// Reports `peers` lost (found gone before their rings were last read, so everything they
+    /// wrote has been delivered), once each.
+    fn report_lost(&self, peers: Vec<Arc<Peer>>, out: &mut Vec<Arrival>) -> usize {
         let mut n = 0;
-        for peer in self.connected_peers() {
-            let exited = peer
-                .watch
-                .as_ref()
-                .is_some_and(|w| w.get_ref().has_exited());
-            if exited && !peer.gone.swap(true, Ordering::AcqRel) {
-                // Exited between the ring read above and now: read once more first.
-                continue;
-            }
-            if peer.gone.load(Ordering::Acquire) && !peer.reported.swap(true, Ordering::AcqRel) {
+        for peer in peers {
+            if !peer.reported.swap(true, Ordering::AcqRel) {
+                self.unreported.fetch_sub(1, Ordering::AcqRel);
                 self.with_outbound(&peer, |o| {
                     o.abandon();
                     ((), false)
@@ -656,6 +725,43 @@ impl ShmRank {
             }
         }
         n
+    }
+
+    /// Makes the progress task look again within [`RECHECK`] (it could not arm the doorbell).
+    fn poll_recheck(&self, park: &mut Park, cx: &mut Context<'_>) -> Poll<()> {
+        let timer = park
+            .recheck
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(RECHECK)));
+        if timer.as_mut().poll(cx).is_ready() {
+            park.recheck = None;
+            // Ready: the engine pumps once and comes back, arming if nobody spins by then.
+            return Poll::Ready(());
+        }
+        Poll::Pending
+    }
+
+    /// Looks at the exit watches of the connected peers (no system call: the reactor tracks
+    /// their readiness); marks exited ones gone. Returns whether any was new.
+    fn poll_exits(&self, cx: &mut Context<'_>) -> bool {
+        let mut any = false;
+        for peer in self
+            .connected
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+        {
+            if let Some(w) = &peer.watch {
+                if let Poll::Ready(Ok(mut g)) = w.poll_read_ready(cx) {
+                    // Readable means exited, and stays so.
+                    g.retain_ready();
+                    if !peer.gone.load(Ordering::Acquire) {
+                        self.mark_gone(peer);
+                        any = true;
+                    }
+                }
+            }
+        }
+        any
     }
 }
 
@@ -709,8 +815,9 @@ impl Transport for ShmRank {
             out.extend(lb.drain(..));
         }
         self.flush_queued();
+        let gone = self.gone_unreported();
         n += self.read_rings(out, false);
-        n += self.report_lost(out);
+        n += self.report_lost(gone, out);
         Ok(n)
     }
 

@@ -78,6 +78,12 @@ impl RingControl {
     pub(crate) fn has_records(&self, tail: u64) -> bool {
         self.producer.head.load(Ordering::Acquire) != tail
     }
+
+    /// Whether records were published that the consumer has not released yet (read or not):
+    /// a look from anywhere, without the consumer's private state.
+    pub(crate) fn has_unreleased(&self) -> bool {
+        self.producer.head.load(Ordering::Acquire) != self.consumer.tail.load(Ordering::Relaxed)
+    }
 }
 
 impl Default for RingControl {
@@ -315,6 +321,14 @@ impl RingConsumer {
             self.tail += footprint as u64;
             return Popped::Record(r);
         }
+    }
+
+    /// Gives up on the ring: everything published so far counts as read and is released, so
+    /// the ring no longer looks unread (its sender said goodbye or broke the rules).
+    pub(crate) fn discard_all(&mut self, control: &RingControl) {
+        self.head_seen = control.producer.head.load(Ordering::Acquire);
+        self.tail = self.head_seen;
+        self.release(control);
     }
 
     /// Hands the space of every record read so far back to the producer. Returns whether the

@@ -328,9 +328,18 @@ impl Segment {
         i
     }
 
-    /// Whether senders registered beyond the first `known`.
-    pub(crate) fn has_new_senders(&self, known: usize) -> bool {
-        self.sender_count().load(Ordering::Acquire) as usize > known
+    /// Whether any registered sender's ring holds records not yet released by the owner (a
+    /// lock-free look: two loads per sender that has registered).
+    pub(crate) fn has_unread(&self) -> bool {
+        let count =
+            (self.sender_count().load(Ordering::Acquire) as usize).min(self.owner.world as usize);
+        (0..count).any(|i| {
+            let rank = self.sender_slot(i).map_or(0, |s| s.load(Ordering::Acquire));
+            rank != 0
+                && self
+                    .ring(rank - 1)
+                    .is_some_and(|(control, _)| control.has_unreleased())
+        })
     }
 
     fn pair_base(&self, sender: u32) -> Option<*mut u8> {
