@@ -3,8 +3,9 @@
 //! This crate does not depend on any rankweave crate. It compiles the real source files by path
 //! (`#[path = ...]`) against its own [`sync`] module, which re-exports loom's primitives under
 //! the same names as the `sync` modules of `rankweave-transports` and `rankweave-core` re-export
-//! std's. The models live in `tests/`; see `README.md` for how to run them and what each one
-//! checks.
+//! std's (including a loom-checked [`sync::SharedBytes`]). Where a modelled file's items are
+//! only `pub(crate)`, [`ring_api`] and [`doorbell_api`] wrap them one-to-one for the models.
+//! The models live in `tests/`; see `README.md` for how to run them and what each one checks.
 
 /// loom's synchronization primitives under the names the modelled source files import
 /// (`crate::sync::...`). Keep in step with `transports/src/sync.rs` and `core/src/sync.rs`.
@@ -13,16 +14,317 @@ pub mod sync {
 
     /// loom's atomic types, `Ordering` and fences.
     pub mod atomic {
-        pub use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering, fence};
+        pub use loom::sync::atomic::{
+            AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence,
+        };
+    }
+
+    use loom::cell::UnsafeCell;
+
+    /// The loom build of `transports/src/sync.rs`'s `SharedBytes`: the same `write` and
+    /// `with_slice`, over a zero-filled region that loom checks. The bytes are split into
+    /// granules of `granule` bytes, each its own `loom::cell::UnsafeCell`, so a read of bytes
+    /// that is not ordered (happens-before) with a write of them, or two unordered writes, make
+    /// loom fail the model with a causality violation. Touching any byte of a granule counts as
+    /// touching all of it: the granule must divide the unit in which the modelled code hands
+    /// bytes between threads (the ring's `unit`), or the check reports races that are not there.
+    ///
+    /// There is no `from_raw`: it is std-only (the std build maps shared memory).
+    pub struct SharedBytes {
+        granule: usize,
+        len: usize,
+        cells: Vec<UnsafeCell<Vec<u8>>>,
+    }
+
+    // SAFETY: the cells are only reached through the `unsafe` methods, whose callers promise
+    // the absence of conflicting concurrent access, and loom checks that promise.
+    unsafe impl Send for SharedBytes {}
+    // SAFETY: as for `Send`.
+    unsafe impl Sync for SharedBytes {}
+
+    impl SharedBytes {
+        /// `len` zero bytes in granules of `granule` bytes (`granule` must divide `len`).
+        pub fn new(len: usize, granule: usize) -> SharedBytes {
+            assert!(
+                granule > 0 && len % granule == 0,
+                "granule {granule} must divide the length {len}"
+            );
+            SharedBytes {
+                granule,
+                len,
+                cells: (0..len / granule)
+                    .map(|_| UnsafeCell::new(vec![0u8; granule]))
+                    .collect(),
+            }
+        }
+
+        /// Calls `f(granule, offset in it, offset in the access, bytes)` for each piece of
+        /// `[at, at + len)`, one piece per touched granule.
+        fn pieces(&self, at: usize, len: usize, mut f: impl FnMut(usize, usize, usize, usize)) {
+            assert!(
+                at.checked_add(len).is_some_and(|end| end <= self.len),
+                "access [{at}, {at}+{len}) out of bounds of {} bytes",
+                self.len
+            );
+            let mut done = 0;
+            while done < len {
+                let pos = at + done;
+                let (g, off) = (pos / self.granule, pos % self.granule);
+                let n = (self.granule - off).min(len - done);
+                f(g, off, done, n);
+                done += n;
+            }
+        }
+
+        /// Copies `src` to offset `at`.
+        ///
+        /// # Safety
+        ///
+        /// As for the std version: `at + src.len()` is at most the region's length (checked
+        /// here) and nobody else reads or writes those bytes meanwhile (checked by loom).
+        pub unsafe fn write(&self, at: usize, src: &[u8]) {
+            self.pieces(at, src.len(), |g, off, done, n| {
+                self.cells[g].with_mut(|cell| {
+                    // SAFETY: loom has checked that this access does not race; `cell` points
+                    // to a live `Vec` of `granule` bytes and `off + n <= granule`.
+                    let cell = unsafe { &mut *cell };
+                    cell[off..off + n].copy_from_slice(&src[done..done + n]);
+                })
+            });
+        }
+
+        /// Calls `f` with a copy of the `len` bytes at offset `at`.
+        ///
+        /// # Safety
+        ///
+        /// As for the std version: `at + len` is at most the region's length (checked here)
+        /// and nobody writes those bytes until `f` returns (checked by loom, for the copy).
+        pub unsafe fn with_slice<R>(&self, at: usize, len: usize, f: impl FnOnce(&[u8]) -> R) -> R {
+            let mut buf = Vec::with_capacity(len);
+            self.pieces(at, len, |g, off, _, n| {
+                self.cells[g].with(|cell| {
+                    // SAFETY: as in `write`.
+                    let cell = unsafe { &*cell };
+                    buf.extend_from_slice(&cell[off..off + n]);
+                })
+            });
+            f(&buf)
+        }
     }
 }
 
-// The in-process transport's `Mailbox` (its own `//!` docs document the module).
 pub mod harness;
 
+// The in-process transport's `Mailbox` (its own `//!` docs document the module).
 #[path = "../../transports/src/inproc/mailbox.rs"]
 pub mod mailbox;
 
 // The per-rank driver's shutdown handshake, `ShutdownSignal` (its own `//!` docs document it).
 #[path = "../../core/src/runtime/shutdown.rs"]
 pub mod shutdown;
+
+// The shared-memory transport's SPSC ring of variable-length records (its own `//!` docs
+// document the protocol). Its items are `pub(crate)`, so the models use them through `ring_api`
+// and the module is private (public, its docs' links to `pub(crate)` items would fail
+// `cargo doc` with `-D warnings`). Not compiled with cfg(test): the file's own `#[cfg(test)]`
+// unit tests use the std-only `SharedBytes::from_raw`, and although this library is never
+// tested (`test = false`), `cargo clippy --all-targets` still builds it with cfg(test).
+#[cfg(not(test))]
+#[path = "../../transports/src/shm/ring.rs"]
+mod shm_ring;
+
+// The shared-memory transport's park/notify doorbell (its own `//!` docs document the
+// handshake). Private and used through `doorbell_api`, for the same doc-link reason as
+// `shm_ring` (it has no unit tests, so it is compiled with cfg(test) too).
+#[path = "../../transports/src/shm/doorbell.rs"]
+mod shm_doorbell;
+
+/// Public, one-to-one wrappers over the `pub(crate)` items of `transports/src/shm/ring.rs`
+/// (compiled here as the private module `shm_ring`; `pub(crate)` items cannot be re-exported as
+/// `pub`), with the same names, arguments and results, for the models in `tests/shm_ring.rs`.
+/// Each method only forwards to the real one.
+#[cfg(not(test))]
+pub mod ring_api {
+    use crate::shm_ring as ring;
+    use crate::sync::SharedBytes;
+
+    /// `shm_ring::RECORD_HEADER`.
+    pub const RECORD_HEADER: usize = ring::RECORD_HEADER;
+    /// `shm_ring::PAD`.
+    pub const PAD: u8 = ring::PAD;
+
+    /// `shm_ring::RingGeometry`.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct RingGeometry {
+        /// Bytes in the data area.
+        pub capacity: usize,
+        /// Records start on multiples of this.
+        pub unit: usize,
+    }
+
+    impl RingGeometry {
+        fn real(self) -> ring::RingGeometry {
+            ring::RingGeometry {
+                capacity: self.capacity,
+                unit: self.unit,
+            }
+        }
+
+        /// `RingGeometry::is_valid`.
+        pub fn is_valid(&self) -> bool {
+            self.real().is_valid()
+        }
+
+        /// `RingGeometry::max_body`.
+        pub fn max_body(&self) -> usize {
+            self.real().max_body()
+        }
+    }
+
+    /// `shm_ring::RingControl`.
+    #[derive(Default)]
+    pub struct RingControl(ring::RingControl);
+
+    impl RingControl {
+        /// `RingControl::new`.
+        pub fn new() -> RingControl {
+            RingControl(ring::RingControl::new())
+        }
+
+        /// `RingControl::has_records`.
+        pub fn has_records(&self, tail: u64) -> bool {
+            self.0.has_records(tail)
+        }
+    }
+
+    /// `shm_ring::Pushed`.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Pushed {
+        /// `Pushed::Done`.
+        Done,
+        /// `Pushed::Full`.
+        Full,
+        /// `Pushed::TooLarge`.
+        TooLarge,
+    }
+
+    /// `shm_ring::RingProducer`.
+    #[derive(Debug)]
+    pub struct RingProducer(ring::RingProducer);
+
+    impl RingProducer {
+        /// `RingProducer::new`.
+        pub fn new(control: &RingControl, geometry: RingGeometry) -> RingProducer {
+            RingProducer(ring::RingProducer::new(&control.0, geometry.real()))
+        }
+
+        /// `RingProducer::max_body`.
+        pub fn max_body(&self) -> usize {
+            self.0.max_body()
+        }
+
+        /// `RingProducer::try_push`.
+        pub fn try_push(
+            &mut self,
+            control: &RingControl,
+            data: &SharedBytes,
+            kind: u8,
+            parts: &[&[u8]],
+        ) -> Pushed {
+            match self.0.try_push(&control.0, data, kind, parts) {
+                ring::Pushed::Done => Pushed::Done,
+                ring::Pushed::Full => Pushed::Full,
+                ring::Pushed::TooLarge => Pushed::TooLarge,
+            }
+        }
+
+        /// `RingProducer::has_room_now`.
+        pub fn has_room_now(&mut self, control: &RingControl, body: usize) -> bool {
+            self.0.has_room_now(&control.0, body)
+        }
+
+        /// `RingProducer::request_space`.
+        pub fn request_space(&mut self, control: &RingControl, body: usize) -> bool {
+            self.0.request_space(&control.0, body)
+        }
+    }
+
+    /// `shm_ring::Popped`.
+    #[derive(Debug, PartialEq, Eq)]
+    pub enum Popped<R> {
+        /// `Popped::Empty`.
+        Empty,
+        /// `Popped::Record`.
+        Record(R),
+        /// `Popped::Corrupt`.
+        Corrupt,
+    }
+
+    /// `shm_ring::RingConsumer`.
+    #[derive(Debug)]
+    pub struct RingConsumer(ring::RingConsumer);
+
+    impl RingConsumer {
+        /// `RingConsumer::new`.
+        pub fn new(control: &RingControl, geometry: RingGeometry) -> RingConsumer {
+            RingConsumer(ring::RingConsumer::new(&control.0, geometry.real()))
+        }
+
+        /// `RingConsumer::has_records`.
+        pub fn has_records(&self, control: &RingControl) -> bool {
+            self.0.has_records(&control.0)
+        }
+
+        /// `RingConsumer::pop`.
+        pub fn pop<R>(
+            &mut self,
+            control: &RingControl,
+            data: &SharedBytes,
+            f: impl FnOnce(u8, &[u8]) -> R,
+        ) -> Popped<R> {
+            match self.0.pop(&control.0, data, f) {
+                ring::Popped::Empty => Popped::Empty,
+                ring::Popped::Record(r) => Popped::Record(r),
+                ring::Popped::Corrupt => Popped::Corrupt,
+            }
+        }
+
+        /// `RingConsumer::release`.
+        pub fn release(&mut self, control: &RingControl) -> bool {
+            self.0.release(&control.0)
+        }
+    }
+}
+
+/// Public, one-to-one wrappers over the `pub(crate)` `Doorbell` of
+/// `transports/src/shm/doorbell.rs` (compiled here as the private module `shm_doorbell`), for
+/// the models in `tests/shm_doorbell.rs`.
+pub mod doorbell_api {
+    use crate::shm_doorbell as doorbell;
+
+    /// `shm_doorbell::Doorbell`.
+    #[derive(Default)]
+    pub struct Doorbell(doorbell::Doorbell);
+
+    impl Doorbell {
+        /// `Doorbell::new`.
+        pub fn new() -> Doorbell {
+            Doorbell(doorbell::Doorbell::new())
+        }
+
+        /// `Doorbell::arm`.
+        pub fn arm(&self) {
+            self.0.arm()
+        }
+
+        /// `Doorbell::disarm`.
+        pub fn disarm(&self) {
+            self.0.disarm()
+        }
+
+        /// `Doorbell::should_signal`.
+        pub fn should_signal(&self) -> bool {
+            self.0.should_signal()
+        }
+    }
+}

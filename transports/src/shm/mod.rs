@@ -796,7 +796,7 @@ impl Transport for ShmRank {
             return Err(TransportError::PeerUnreachable(to as usize));
         }
         let me = self.me.rank;
-        let path = self.with_outbound(&peer, |out| out.send(&peer.segment, me, frame));
+        let path = self.with_outbound(peer, |out| out.send(&peer.segment, me, frame));
         if path.single_copy {
             bump(&self.counters.single_copy_sent, 1);
         }
