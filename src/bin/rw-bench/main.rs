@@ -116,12 +116,11 @@ fn real_main(args: &[String]) -> Result<()> {
     };
     let config = Config::from_env()?;
     let bootstrap = launcher()?;
-    // One rank per process gets one worker thread, as an MPI rank has one thread: the rank's
-    // busy-polling future drives its transport itself. In-process ranks share the default pool.
+    // One rank per process runs on one thread, as an MPI rank does: the benchmark loop, the
+    // collectives' tasks and the progress task take turns on it, so handing a collective's
+    // result back never needs a cross-thread wake-up. In-process ranks share the default pool.
     let mut builder = if bootstrap.is_some() {
-        let mut b = tokio::runtime::Builder::new_multi_thread();
-        b.worker_threads(1);
-        b
+        tokio::runtime::Builder::new_current_thread()
     } else {
         tokio::runtime::Builder::new_multi_thread()
     };

@@ -47,7 +47,11 @@ impl Doorbell {
     /// The owner is busy again (it found work, or a busy poller took over): producers stop
     /// signalling.
     pub(crate) fn disarm(&self) {
-        self.state.store(AWAKE, Ordering::Relaxed);
+        // Written only when it changes: producers read this line on every send, and a store
+        // would take it from them each time a busy poller starts a burst.
+        if self.state.load(Ordering::Relaxed) != AWAKE {
+            self.state.store(AWAKE, Ordering::Relaxed);
+        }
     }
 
     /// A producer has published a record in one of the owner's rings: returns whether it must

@@ -650,7 +650,7 @@ impl ShmRank {
             }
             // A sender may have written its last records and exited (or closed) before this
             // rank ever looked: what it left is read even when it can no longer be mapped.
-            let peer = self.peer(ring.sender()).ok().cloned();
+            let peer = self.peer(ring.sender()).ok();
             let pid = peer.as_ref().map_or(0, |p| p.pid);
             let outcome = ring.read(&self.own, pid, discard, READ_BUDGET, out, &mut effects);
             bump(&self.counters.malformed_dropped, outcome.malformed as u64);
