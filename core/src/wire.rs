@@ -275,15 +275,13 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// Decodes one frame that fills `bytes` exactly. The payload is a slice of `bytes` (no copy).
-///
-/// See the [module docs](self) for the layout and the order of the checks. Never panics.
-pub fn decode(bytes: Bytes) -> Result<Frame, DecodeError> {
-    let have = bytes.len();
-    let mut r = Reader {
-        buf: &bytes,
-        pos: 0,
-    };
+/// Decodes the header at the front of `buf`, for a transport whose payloads travel apart
+/// from their headers: returns the header, the payload length it declares and the header's
+/// encoded length (where the payload would start). Makes every check [`decode`] makes except
+/// those on the payload's presence. Never panics.
+pub fn decode_header(buf: &[u8]) -> Result<(Header, u64, usize), DecodeError> {
+    let have = buf.len();
+    let mut r = Reader { buf, pos: 0 };
     let [magic_version, kind] = r.array::<PREFIX_LEN>()?;
     if magic_version & MAGIC_MASK != MAGIC {
         return Err(DecodeError::BadMagic(magic_version));
@@ -331,7 +329,18 @@ pub fn decode(bytes: Bytes) -> Result<Frame, DecodeError> {
         other => return Err(DecodeError::UnknownKind(other)),
     };
     let declared = r.u64()?;
-    let start = r.pos; // == header_len, which `have` was checked to reach
+    if usize::try_from(declared).is_err() {
+        return Err(DecodeError::ImpossibleLength(declared));
+    }
+    Ok((header, declared, r.pos))
+}
+
+/// Decodes one frame that fills `bytes` exactly. The payload is a slice of `bytes` (no copy).
+///
+/// See the [module docs](self) for the layout and the order of the checks. Never panics.
+pub fn decode(bytes: Bytes) -> Result<Frame, DecodeError> {
+    let (header, declared, start) = decode_header(&bytes)?;
+    let have = bytes.len();
     let actual = have
         .checked_sub(start)
         .ok_or(DecodeError::TooShort { need: start, have })?;

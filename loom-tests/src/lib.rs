@@ -195,6 +195,11 @@ pub mod ring_api {
         pub fn has_records(&self, tail: u64) -> bool {
             self.0.has_records(tail)
         }
+
+        /// `RingControl::has_unreleased`.
+        pub fn has_unreleased(&self) -> bool {
+            self.0.has_unreleased()
+        }
     }
 
     /// `shm_ring::Pushed`.
@@ -287,6 +292,11 @@ pub mod ring_api {
                 ring::Popped::Record(r) => Popped::Record(r),
                 ring::Popped::Corrupt => Popped::Corrupt,
             }
+        }
+
+        /// `RingConsumer::discard_all`: whether the producer asked for space.
+        pub fn discard_all(&mut self, control: &RingControl) -> bool {
+            self.0.discard_all(&control.0)
         }
 
         /// `RingConsumer::release`.

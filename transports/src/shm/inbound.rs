@@ -10,15 +10,29 @@
 //! ring's own rules is given up (the peer is then treated as failed).
 
 use bytes::Bytes;
+use rankweave_core::frame::Frame;
 use rankweave_core::{Arrival, wire};
 
+use std::sync::Arc;
+
 use super::cma;
+use super::pool::BufferPool;
 use super::record::{self, Record};
 use super::ring::{Popped, RingConsumer};
 use super::segment::Segment;
 
 /// The largest frame accepted in pieces (1 TiB): a sanity bound on a peer-supplied length.
 const MAX_PIECED_FRAME: u64 = 1 << 40;
+
+/// Where a ring's records are read into.
+pub(crate) struct ReadInto<'a> {
+    /// The sender's process: single-copy payloads are read from its memory.
+    pub(crate) sender_pid: u32,
+    /// Where buffers for large frames come from.
+    pub(crate) pool: &'a Arc<BufferPool>,
+    /// The rank has closed: frames are dropped (single-copy payloads are still acknowledged).
+    pub(crate) discard: bool,
+}
 
 /// Something a record asks of the transport beyond delivering a frame.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -98,7 +112,8 @@ impl Inbound {
     pub(crate) fn break_off(&mut self, own: &Segment) {
         self.stream.broken = true;
         if let Some((control, _)) = own.ring(self.stream.sender) {
-            self.consumer.discard_all(control);
+            // Its producer is gone: nobody to signal.
+            let _ = self.consumer.discard_all(control);
         }
     }
 
@@ -111,14 +126,12 @@ impl Inbound {
                 .is_some_and(|(control, _)| self.consumer.has_records(control))
     }
 
-    /// Reads up to `budget` records. Frames go to `out` (unless `discard`: the rank has
-    /// closed), requests for the transport to `effects`. `sender_pid` is where single-copy
-    /// payloads are read from.
+    /// Reads up to `budget` records. Frames go to `out` (see [`ReadInto`]), requests for the
+    /// transport to `effects`.
     pub(crate) fn read(
         &mut self,
         own: &Segment,
-        sender_pid: u32,
-        discard: bool,
+        into: &ReadInto<'_>,
         budget: usize,
         out: &mut Vec<Arrival>,
         effects: &mut Vec<Effect>,
@@ -130,7 +143,7 @@ impl Inbound {
         let stream = &mut self.stream;
         while outcome.records < budget && !stream.said_bye && !stream.broken {
             let popped = self.consumer.pop(control, &data, |kind, body| {
-                stream.handle(kind, body, sender_pid, discard, out, effects)
+                stream.handle(kind, body, into, out, effects)
             });
             match popped {
                 Popped::Empty => break,
@@ -145,12 +158,13 @@ impl Inbound {
                 }
             }
         }
+        let mut waits = false;
         if stream.said_bye || stream.broken {
             // Nothing after a goodbye or a broken record is read: drop it all, so the ring
             // does not look unread forever.
-            self.consumer.discard_all(control);
+            waits = self.consumer.discard_all(control);
         }
-        outcome.producer_waits = self.consumer.release(control);
+        outcome.producer_waits = self.consumer.release(control) || waits;
         outcome
     }
 }
@@ -160,11 +174,11 @@ impl Stream {
         &mut self,
         kind: u8,
         body: &[u8],
-        sender_pid: u32,
-        discard: bool,
+        into: &ReadInto<'_>,
         out: &mut Vec<Arrival>,
         effects: &mut Vec<Effect>,
     ) -> Handled {
+        let discard = into.discard;
         let Some(rec) = record::parse(kind, body) else {
             return Handled::Malformed;
         };
@@ -184,19 +198,27 @@ impl Stream {
                 if discard {
                     return Handled::Nothing;
                 }
-                let Some(total) = usize::try_from(len)
-                    .ok()
-                    .and_then(|l| l.checked_add(header.len()))
-                else {
+                // The payload gets a buffer of its own (typically a power of two, which the
+                // pool keeps well), apart from the header.
+                let header = match wire::decode_header(header) {
+                    Ok((h, declared, used)) if declared == len && used == header.len() => h,
+                    _ => return Handled::Malformed,
+                };
+                let Ok(len) = usize::try_from(len) else {
                     return Handled::Malformed;
                 };
-                let mut buf = Vec::new();
-                if buf.try_reserve_exact(total).is_err() {
+                let Some(mut buf) = into.pool.take(len) else {
                     return Handled::Malformed;
-                }
-                buf.extend_from_slice(header);
-                match cma::read_into(sender_pid, addr, total - header.len(), &mut buf) {
-                    Ok(()) => self.deliver(Bytes::from(buf), out),
+                };
+                match cma::read_into(into.sender_pid, addr, len, &mut buf) {
+                    Ok(()) => {
+                        let payload = into.pool.freeze(buf);
+                        out.push(Arrival::Frame {
+                            from: self.sender,
+                            frame: Frame { header, payload },
+                        });
+                        Handled::Delivered(len)
+                    }
                     Err(e) => {
                         tracing::warn!(sender = self.sender, error = %e, "single-copy read failed");
                         Handled::Malformed
@@ -204,26 +226,25 @@ impl Stream {
                 }
             }
             Record::ChunkFirst { total, piece } => {
-                let mut buf = Vec::new();
-                let fits = total <= MAX_PIECED_FRAME
-                    && (piece.len() as u64) <= total
-                    && buf.try_reserve_exact(total as usize).is_ok();
                 let replaced = self.partial.take().is_some();
-                if !fits {
+                let buf = (total <= MAX_PIECED_FRAME && (piece.len() as u64) <= total)
+                    .then(|| into.pool.take(total as usize))
+                    .flatten();
+                let Some(mut buf) = buf else {
                     return Handled::Malformed;
-                }
+                };
                 buf.extend_from_slice(piece);
                 self.partial = Some(Partial {
                     buf,
                     total: total as usize,
                 });
-                let r = self.complete(discard, out);
+                let r = self.complete(into, out);
                 if replaced { Handled::Malformed } else { r }
             }
             Record::Chunk(piece) => match &mut self.partial {
                 Some(p) if p.buf.len() + piece.len() <= p.total => {
                     p.buf.extend_from_slice(piece);
-                    self.complete(discard, out)
+                    self.complete(into, out)
                 }
                 _ => {
                     self.partial = None;
@@ -242,10 +263,10 @@ impl Stream {
     }
 
     /// Delivers the reassembled frame once all its pieces are in.
-    fn complete(&mut self, discard: bool, out: &mut Vec<Arrival>) -> Handled {
+    fn complete(&mut self, into: &ReadInto<'_>, out: &mut Vec<Arrival>) -> Handled {
         match self.partial.take_if(|p| p.buf.len() == p.total) {
-            Some(_) if discard => Handled::Nothing,
-            Some(p) => self.deliver(Bytes::from(p.buf), out),
+            Some(_) if into.discard => Handled::Nothing,
+            Some(p) => self.deliver(into.pool.freeze(p.buf), out),
             None => Handled::Nothing,
         }
     }

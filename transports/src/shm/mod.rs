@@ -22,6 +22,7 @@ mod doorbell;
 pub mod host;
 mod inbound;
 mod outbound;
+mod pool;
 mod record;
 mod ring;
 mod segment;
@@ -46,8 +47,9 @@ use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
 
 use host::ProcessWatch;
-use inbound::{Effect, Inbound};
+use inbound::{Effect, Inbound, ReadInto};
 use outbound::Outbound;
+use pool::BufferPool;
 use ring::RingGeometry;
 use segment::{Owner, SINGLE_COPY_NO, SINGLE_COPY_YES, Segment};
 use signal::SignalSocket;
@@ -200,6 +202,8 @@ pub struct ShmRank {
     /// Serializes connection set-up (so a peer is mapped once).
     connecting: Mutex<()>,
     inbound: Mutex<InboundSet>,
+    /// Receive buffers for large frames.
+    pool: Arc<BufferPool>,
     /// Frames this rank sent to itself.
     loopback: Mutex<VecDeque<Arrival>>,
     loopback_len: AtomicUsize,
@@ -399,6 +403,7 @@ impl ShmRank {
             unreported: AtomicUsize::new(0),
             connecting: Mutex::new(()),
             inbound: Mutex::new(InboundSet::default()),
+            pool: Arc::default(),
             loopback: Mutex::new(VecDeque::new()),
             loopback_len: AtomicUsize::new(0),
             queued_peers: AtomicUsize::new(0),
@@ -651,8 +656,12 @@ impl ShmRank {
             // A sender may have written its last records and exited (or closed) before this
             // rank ever looked: what it left is read even when it can no longer be mapped.
             let peer = self.peer(ring.sender()).ok();
-            let pid = peer.as_ref().map_or(0, |p| p.pid);
-            let outcome = ring.read(&self.own, pid, discard, READ_BUDGET, out, &mut effects);
+            let into = ReadInto {
+                sender_pid: peer.as_ref().map_or(0, |p| p.pid),
+                pool: &self.pool,
+                discard,
+            };
+            let outcome = ring.read(&self.own, &into, READ_BUDGET, out, &mut effects);
             bump(&self.counters.malformed_dropped, outcome.malformed as u64);
             bump(&self.counters.bytes_received, outcome.bytes as u64);
             let Some(peer) = peer else {
@@ -665,7 +674,7 @@ impl ShmRank {
                 continue;
             };
             if ring.is_broken() || ring.said_bye() {
-                self.mark_gone(&peer);
+                self.mark_gone(peer);
             }
             for e in effects.drain(..) {
                 let me = self.me.rank;
@@ -674,7 +683,7 @@ impl ShmRank {
                         lock(&peer.out).done(token);
                     }
                     Effect::OweDone(token) => {
-                        self.with_outbound(&peer, |o| {
+                        self.with_outbound(peer, |o| {
                             (
                                 (),
                                 o.send_control(
@@ -689,7 +698,7 @@ impl ShmRank {
                 }
             }
             if outcome.producer_waits {
-                self.nudge(&peer);
+                self.nudge(peer);
             }
         }
         bump(&self.counters.frames_received, (out.len() - before) as u64);

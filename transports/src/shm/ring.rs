@@ -172,8 +172,14 @@ impl RingProducer {
     }
 
     fn has_room(&self, needed: usize) -> bool {
-        // head - tail_seen never exceeds the capacity, so this cannot underflow.
-        self.geometry.capacity - (self.head - self.tail_seen) as usize >= needed
+        // The tail comes from the other process: a tail beyond the head, or one so far behind
+        // that more than the capacity would be in use, means no room (never an underflow).
+        match self.head.checked_sub(self.tail_seen) {
+            Some(used) if used <= self.geometry.capacity as u64 => {
+                self.geometry.capacity - used as usize >= needed
+            }
+            _ => false,
+        }
     }
 
     /// Appends one record of kind `kind` (not [`PAD`]) whose body is the concatenation of
@@ -325,10 +331,11 @@ impl RingConsumer {
 
     /// Gives up on the ring: everything published so far counts as read and is released, so
     /// the ring no longer looks unread (its sender said goodbye or broke the rules).
-    pub(crate) fn discard_all(&mut self, control: &RingControl) {
+    /// Returns what [`release`](Self::release) returns.
+    pub(crate) fn discard_all(&mut self, control: &RingControl) -> bool {
         self.head_seen = control.producer.head.load(Ordering::Acquire);
         self.tail = self.head_seen;
-        self.release(control);
+        self.release(control)
     }
 
     /// Hands the space of every record read so far back to the producer. Returns whether the
@@ -448,6 +455,15 @@ mod tests {
             Pushed::TooLarge
         );
         assert_eq!(p.try_push(&r.control, &r.data, PAD, &[]), Pushed::TooLarge);
+    }
+
+    #[test]
+    fn a_tail_beyond_the_head_means_no_room_not_a_panic() {
+        let (r, g) = ring(256, 64);
+        let mut p = RingProducer::new(&r.control, g);
+        r.control.consumer.tail.store(1 << 40, Ordering::Release);
+        assert_eq!(p.try_push(&r.control, &r.data, 1, &[b"x"]), Pushed::Full);
+        assert!(!p.request_space(&r.control, 1));
     }
 
     #[test]
