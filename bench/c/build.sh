@@ -5,10 +5,11 @@
 #   bench/c/build.sh mpich      # only one of: mpich openmpi
 #
 # Output (relative to the repository root, whatever the cwd):
-#   target/bench-c/mpich/osu_<name>    built with mpicc.mpich
-#   target/bench-c/openmpi/osu_<name>  built with mpicc.openmpi
-# plus symlinks named like rw-bench's subcommands (latency -> osu_latency,
-# mr -> osu_mbw_mr, ...).  A program is rebuilt only when a source is newer.
+#   target/bench-c/mpich/<program>    built with mpicc.mpich
+#   target/bench-c/openmpi/<program>  built with mpicc.openmpi
+# where <program> is osu_<name> for the OSU benchmarks and rw_<name> for the
+# two OSU does not have, plus symlinks named like rw-bench's subcommands
+# (latency -> osu_latency, mr -> osu_mbw_mr, ring -> rw_ring, ...).  A program is rebuilt only when a source is newer.
 # Extra compiler flags: EXTRA_CFLAGS (e.g. EXTRA_CFLAGS=-Werror).
 set -euo pipefail
 
@@ -22,7 +23,7 @@ if [[ -n "${EXTRA_CFLAGS:-}" ]]; then
     cflags+=(${EXTRA_CFLAGS})
 fi
 
-# rw-bench subcommand -> OSU program
+# rw-bench subcommand -> program (OSU's name, or rw_* where OSU has none)
 benches=(
     latency:osu_latency
     bw:osu_bw
@@ -34,6 +35,8 @@ benches=(
     allreduce:osu_allreduce
     allgather:osu_allgather
     alltoall:osu_alltoall
+    ring:rw_ring
+    p2pbarrier:rw_p2pbarrier
     startup:mpi_startup
 )
 

@@ -103,14 +103,14 @@ static void usage(FILE *out, const char *name, enum osu_kind kind)
     }
     fprintf(out, "  -i ITERS     timed iterations, all sizes (default %d",
             d.iterations);
-    if (d.iterations_large != d.iterations) {
+    if (kind != OSU_BARRIER && d.iterations_large != d.iterations) {
         fprintf(out, ", %d above %d bytes", d.iterations_large,
                 OSU_LARGE_MESSAGE_SIZE);
     }
     fprintf(out, ")\n  -x WARMUP    untimed warm-up iterations, all sizes "
                  "(default %d",
             d.skip);
-    if (d.skip_large != d.skip) {
+    if (kind != OSU_BARRIER && d.skip_large != d.skip) {
         fprintf(out, ", %d above %d bytes", d.skip_large,
                 OSU_LARGE_MESSAGE_SIZE);
     }
@@ -366,22 +366,80 @@ int osu_skip(const struct osu_options *opt, size_t size)
 void osu_print_banner(int rank, const char *name, const char *title,
                       const struct osu_options *opt, int nprocs)
 {
+    osu_print_banner_from(rank, name, title,
+                          "OSU micro-benchmarks 7.x definitions", opt, nprocs);
+}
+
+void osu_print_banner_from(int rank, const char *name, const char *title,
+                           const char *definitions,
+                           const struct osu_options *opt, int nprocs)
+{
     if (rank != 0) {
         return;
     }
     printf("# rankweave C baseline: %s (%s)\n", name, osu_mpi_flavor());
-    printf("# %s, OSU micro-benchmarks 7.x definitions\n", title);
+    printf("# %s, %s\n", title, definitions);
     printf("# ranks: %d  iterations: %d", nprocs, opt->iterations);
-    if (opt->iterations_large != opt->iterations) {
+    /* A barrier has no message size, so no large counts. */
+    if (opt->kind != OSU_BARRIER &&
+        opt->iterations_large != opt->iterations) {
         printf(" (%d above %d B)", opt->iterations_large,
                OSU_LARGE_MESSAGE_SIZE);
     }
     printf("  warm-up: %d", opt->skip);
-    if (opt->skip_large != opt->skip) {
+    if (opt->kind != OSU_BARRIER && opt->skip_large != opt->skip) {
         printf(" (%d above %d B)", opt->skip_large, OSU_LARGE_MESSAGE_SIZE);
     }
     if (opt->kind == OSU_BW || opt->kind == OSU_MR) {
         printf("  window: %d", opt->window);
+    }
+    printf("\n");
+    fflush(stdout);
+}
+
+void osu_print_latency_header(int rank, const struct osu_options *opt,
+                              int sized)
+{
+    if (rank != 0) {
+        return;
+    }
+    if (sized) {
+        printf("%-*s%*s", 10, "# Size", OSU_FIELD_WIDTH, "Avg Latency(us)");
+    } else {
+        printf("# Avg Latency(us)");
+    }
+    if (opt->full) {
+        printf("%*s%*s%*s", OSU_FIELD_WIDTH, "Min Latency(us)", OSU_FIELD_WIDTH,
+               "Max Latency(us)", 12, "Iterations");
+    }
+    printf("\n");
+    fflush(stdout);
+}
+
+void osu_print_latency_row(int rank, int nprocs, const struct osu_options *opt,
+                           int sized, size_t size, int iters, double latency)
+{
+    double min_lat = 0.0, max_lat = 0.0, sum_lat = 0.0;
+
+    MPI_CHECK(MPI_Reduce(&latency, &min_lat, 1, MPI_DOUBLE, MPI_MIN, 0,
+                         MPI_COMM_WORLD));
+    MPI_CHECK(MPI_Reduce(&latency, &max_lat, 1, MPI_DOUBLE, MPI_MAX, 0,
+                         MPI_COMM_WORLD));
+    MPI_CHECK(MPI_Reduce(&latency, &sum_lat, 1, MPI_DOUBLE, MPI_SUM, 0,
+                         MPI_COMM_WORLD));
+    if (rank != 0) {
+        return;
+    }
+    if (sized) {
+        printf("%-*zu%*.*f", 10, size, OSU_FIELD_WIDTH, OSU_FLOAT_PRECISION,
+               sum_lat / nprocs);
+    } else {
+        /* No size column: OSU prints the value right-aligned in 17. */
+        printf("%*.*f", 17, OSU_FLOAT_PRECISION, sum_lat / nprocs);
+    }
+    if (opt->full) {
+        printf("%*.*f%*.*f%*d", OSU_FIELD_WIDTH, OSU_FLOAT_PRECISION, min_lat,
+               OSU_FIELD_WIDTH, OSU_FLOAT_PRECISION, max_lat, 12, iters);
     }
     printf("\n");
     fflush(stdout);

@@ -4,7 +4,8 @@
  * These programs re-implement (they are our own code, not copies) the
  * measurements of the OSU micro-benchmarks 7.x so that Debian's MPICH and
  * Open MPI can be measured with exactly the definitions rankweave's `rw-bench`
- * uses.  What follows OMB 7.x:
+ * uses; rw_ring.c and rw_p2pbarrier.c, which OSU does not have, keep the
+ * same conventions.  What follows OMB 7.x:
  *
  *   - message sizes: doubling from MIN to MAX (`-m MIN:MAX`); defaults
  *     1 .. 4 MiB for point-to-point and message rate, 1 .. 1 MiB for
@@ -16,8 +17,8 @@
  *         latency        10000 / 100    large 1000 / 10
  *         bw, bibw         100 / 10     large   20 / 2     window 64
  *         mr (mbw_mr)      100 / 10     (no large switch)  window 64
- *         collectives     1000 / 100    large  100 / 10
- *         barrier         1000 / 100    (no size)
+ *         collectives     1000 / 100    large  100 / 10   (and rw_ring)
+ *         barrier         1000 / 100    (no size; and rw_p2pbarrier)
  *     `-i N` sets the iterations for small AND large sizes, `-x N` the
  *     warm-up for both, exactly like OMB 7.x.
  *   - output: `%-10d%20.2f` rows under OSU's column headers; every other line
@@ -106,6 +107,23 @@ static inline size_t osu_next_size(size_t size) { return size ? size * 2 : 1; }
  * MPI library, ranks, iterations) - all comment lines. */
 void osu_print_banner(int rank, const char *name, const char *title,
                       const struct osu_options *opt, int nprocs);
+
+/* The same, with `definitions` in place of "OSU micro-benchmarks 7.x
+ * definitions" (for the rw_* programs, which OSU does not have). */
+void osu_print_banner_from(int rank, const char *name, const char *title,
+                           const char *definitions,
+                           const struct osu_options *opt, int nprocs);
+
+/* Rank 0 prints the "Avg Latency(us)" header (with -f, the min / max /
+ * iterations columns too); `sized` adds the "# Size" column. */
+void osu_print_latency_header(int rank, const struct osu_options *opt,
+                              int sized);
+
+/* Reduces each rank's average `latency` (us) to rank 0, which prints one
+ * row: the size (when `sized`) and the mean over ranks, with -f the min,
+ * max and `iters` too - the collectives' and osu_barrier's row. */
+void osu_print_latency_row(int rank, int nprocs, const struct osu_options *opt,
+                           int sized, size_t size, int iters, double latency);
 
 /* Library name and version: "MPICH 4.0.2" / "Open MPI 4.1.4". */
 const char *osu_mpi_flavor(void);

@@ -3,9 +3,9 @@
 #
 # Builds everything (bench/c/build.sh), then runs every program once with
 # MPICH and with Open MPI at tiny sizes and few iterations
-# (-m 1:64 -i 10 -x 2; barrier takes no -m): point-to-point with 2 ranks,
-# collectives with 2 ranks and with 4 ranks (oversubscribed on small
-# machines).  A run passes when it exits 0 within the time limit and prints
+# (-m 1:64 -i 10 -x 2; barrier and p2pbarrier take no -m): point-to-point
+# with 2 ranks, collectives, ring and p2pbarrier with 2 ranks and with 4
+# ranks (oversubscribed on small machines).  A run passes when it exits 0 within the time limit and prints
 # at least one data row.  Measured numbers are not checked.
 #
 #   bench/c/run-smoke.sh            # both MPIs
@@ -35,7 +35,7 @@ mkdir -p "$logdir"
 
 small=(-m 1:64 -i 10 -x 2)
 pt2pt=(latency bw bibw mr)
-collectives=(barrier bcast reduce allreduce allgather alltoall)
+collectives=(barrier bcast reduce allreduce allgather alltoall ring p2pbarrier)
 
 # Open MPI refuses to run as root unless told twice.
 if [[ "$(id -u)" -eq 0 ]]; then
@@ -79,7 +79,7 @@ run_one() { # flavor bench nranks
     local args=("${small[@]}")
     local rc rows t0 t1 status
 
-    if [[ "$bench" == barrier ]]; then
+    if [[ "$bench" == barrier || "$bench" == p2pbarrier ]]; then
         args=(-i 10 -x 2)
     fi
     set_launcher "$flavor" "$n"
@@ -99,7 +99,7 @@ run_one() { # flavor bench nranks
         status=FAIL
         failures=$((failures + 1))
     fi
-    printf '%-4s  %-7s  %-9s  n=%d  rows=%-2d  rc=%-3d  %6ss\n' \
+    printf '%-4s  %-7s  %-10s  n=%d  rows=%-2d  rc=%-3d  %6ss\n' \
         "$status" "$flavor" "$bench" "$n" "$rows" "$rc" "$(elapsed "$t0" "$t1")"
     if [[ $status == FAIL ]]; then
         [[ $rc -eq 124 || $rc -eq 137 ]] && echo "      (timed out after ${timeout_s}s)"

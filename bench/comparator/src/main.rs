@@ -23,7 +23,9 @@ USAGE: compare [OPTIONS]
 OPTIONS:
   --rounds N         repetitions of every measurement (default 3)
   --bench LIST       comma-separated benchmarks (default: latency,bw,bibw,mr,barrier,bcast,
-                     reduce,allreduce,allgather,alltoall)
+                     reduce,allreduce,allgather,alltoall,ring,p2pbarrier; ring and p2pbarrier
+                     are every-rank patterns of sends and receives: a ring exchange and a
+                     dissemination barrier)
   --config LIST      comma-separated configurations (default: shm,oversubscribed):
                        shm             2 ranks, one per core, shared memory (one process per rank)
                        oversubscribed  4 ranks on the 2 cores

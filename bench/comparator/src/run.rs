@@ -98,8 +98,8 @@ fn osu_flags(plan: &Plan, config: Config, bench: &str) -> Vec<String> {
     } else {
         (&[], &[])
     };
-    // The barrier has no message size.
-    let sizes = if bench == "barrier" { &[][..] } else { sizes };
+    // The barriers have no message size.
+    let sizes = if osu::is_sized(bench) { sizes } else { &[][..] };
     sizes.iter().chain(counts).map(|s| s.to_string()).collect()
 }
 
@@ -166,12 +166,9 @@ fn command(plan: &Plan, imp: Impl, config: Config, bench: &str) -> Result<Comman
 }
 
 fn binary(root: &Path, mpi: &str, bench: &str) -> PathBuf {
-    // OSU names the message-rate test after its multi-pair original.
-    let name = match bench {
-        "mr" => "osu_mbw_mr".to_string(),
-        b => format!("osu_{b}"),
-    };
-    root.join("target/bench-c").join(mpi).join(name)
+    root.join("target/bench-c")
+        .join(mpi)
+        .join(osu::c_program(bench))
 }
 
 /// Runs one measurement; returns its rows or why there are none.

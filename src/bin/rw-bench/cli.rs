@@ -29,9 +29,12 @@ pub enum Bench {
     Allreduce,
     Allgather,
     Alltoall,
+    Ring,
+    P2pBarrier,
 }
 
-/// Point-to-point (ranks 0 and 1, or pairs) or collective (every rank).
+/// Point-to-point (ranks 0 and 1, or pairs) or collective (every rank; `ring` and `p2pbarrier`
+/// too: every rank takes part, though only through sends and receives).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
     Pt2pt,
@@ -50,7 +53,7 @@ pub struct Defaults {
 }
 
 impl Bench {
-    pub const ALL: [Bench; 10] = [
+    pub const ALL: [Bench; 12] = [
         Bench::Latency,
         Bench::Bw,
         Bench::Bibw,
@@ -61,6 +64,8 @@ impl Bench {
         Bench::Allreduce,
         Bench::Allgather,
         Bench::Alltoall,
+        Bench::Ring,
+        Bench::P2pBarrier,
     ];
 
     /// The subcommand.
@@ -76,6 +81,8 @@ impl Bench {
             Bench::Allreduce => "allreduce",
             Bench::Allgather => "allgather",
             Bench::Alltoall => "alltoall",
+            Bench::Ring => "ring",
+            Bench::P2pBarrier => "p2pbarrier",
         }
     }
 
@@ -83,24 +90,28 @@ impl Bench {
         Bench::ALL.into_iter().find(|b| b.name() == name)
     }
 
-    /// The OSU program this benchmark reproduces.
-    pub fn osu_program(self) -> &'static str {
+    /// What the benchmark follows: the OSU 7.x program it reproduces, or for the two that OSU
+    /// does not have, the pattern (their C baselines are `bench/c/rw_ring.c` and
+    /// `bench/c/rw_p2pbarrier.c`).
+    pub fn origin(self) -> &'static str {
         match self {
-            Bench::Latency => "osu_latency",
-            Bench::Bw => "osu_bw",
-            Bench::Bibw => "osu_bibw",
-            Bench::Mr => "osu_mbw_mr",
-            Bench::Barrier => "osu_barrier",
-            Bench::Bcast => "osu_bcast",
-            Bench::Reduce => "osu_reduce",
-            Bench::Allreduce => "osu_allreduce",
-            Bench::Allgather => "osu_allgather",
-            Bench::Alltoall => "osu_alltoall",
+            Bench::Latency => "osu_latency 7.x",
+            Bench::Bw => "osu_bw 7.x",
+            Bench::Bibw => "osu_bibw 7.x",
+            Bench::Mr => "osu_mbw_mr 7.x",
+            Bench::Barrier => "osu_barrier 7.x",
+            Bench::Bcast => "osu_bcast 7.x",
+            Bench::Reduce => "osu_reduce 7.x",
+            Bench::Allreduce => "osu_allreduce 7.x",
+            Bench::Allgather => "osu_allgather 7.x",
+            Bench::Alltoall => "osu_alltoall 7.x",
+            Bench::Ring => "after IMB-MPI1 Sendrecv",
+            Bench::P2pBarrier => "rounds of sends and receives",
         }
     }
 
-    /// The OSU program's title line (without the `# ` and version).
-    pub fn osu_title(self) -> &'static str {
+    /// The title line (OSU's for the OSU programs; without the `# ` and version).
+    pub fn title(self) -> &'static str {
         match self {
             Bench::Latency => "OSU MPI Latency Test",
             Bench::Bw => "OSU MPI Bandwidth Test",
@@ -112,6 +123,8 @@ impl Bench {
             Bench::Allreduce => "OSU MPI Allreduce Latency Test",
             Bench::Allgather => "OSU MPI Allgather Latency Test",
             Bench::Alltoall => "OSU MPI All-to-All Personalized Exchange Latency Test",
+            Bench::Ring => "Ring Exchange Latency Test",
+            Bench::P2pBarrier => "Point-to-Point Dissemination Barrier Latency Test",
         }
     }
 
@@ -127,17 +140,18 @@ impl Bench {
         matches!(self, Bench::Bw | Bench::Bibw | Bench::Mr)
     }
 
-    /// Whether the benchmark has message sizes (`-m`); only barrier does not.
+    /// Whether the benchmark has message sizes (`-m`); barrier and p2pbarrier do not.
     pub fn sized(self) -> bool {
-        self != Bench::Barrier
+        !matches!(self, Bench::Barrier | Bench::P2pBarrier)
     }
 
     /// OSU 7.x defaults: `LAT_*` for osu_latency, `BW_*` for osu_bw / osu_bibw / osu_mbw_mr
     /// (osu_mbw_mr has no large-message switch), `COLL_*` for the collectives;
     /// `MAX_MESSAGE_SIZE` (4 MiB) for point-to-point, `MAX_MSG_SIZE_COLL` (1 MiB) for
-    /// collectives. Sizes start at 1: osu_latency's minimum is 0, but OSU 7.x skips a size that
-    /// holds no element, so its first row is 1 byte too. `latency -m 0:N` adds a 0-byte row (an
-    /// extension, as in the C baselines of `bench/c`).
+    /// collectives (ring and p2pbarrier take the collectives' defaults). Sizes start at 1:
+    /// osu_latency's minimum is 0, but OSU 7.x skips a size that holds no element, so its first
+    /// row is 1 byte too. `latency -m 0:N` adds a 0-byte row (an extension, as in the C
+    /// baselines of `bench/c`).
     pub fn defaults(self) -> Defaults {
         const MIB: usize = 1 << 20;
         match self {
@@ -448,6 +462,10 @@ pub fn check_ranks(bench: Bench, n: usize) -> Result<(), BenchError> {
         let what = match bench.kind() {
             Kind::Pt2pt if bench == Bench::Mr => "it runs between pairs of ranks",
             Kind::Pt2pt => "it runs between ranks 0 and 1",
+            Kind::Collective if bench == Bench::Ring => "every rank sends to its right neighbour",
+            Kind::Collective if bench == Bench::P2pBarrier => {
+                "every rank exchanges messages with others"
+            }
             Kind::Collective => "a collective needs more than one rank",
         };
         return Err(usage(format!(
@@ -538,7 +556,7 @@ USAGE:
     rw-bench <BENCHMARK> [OPTIONS]
     rw-bench --help
 
-BENCHMARKS (each follows the OSU 7.x program in brackets):
+BENCHMARKS (each follows the OSU 7.x program or the pattern in brackets):
     latency    ping-pong between ranks 0 and 1; one-way latency = round trip / 2  [osu_latency]
     bw         rank 0 sends a window of non-blocking sends to rank 1, which answers
                each window with a 4-byte ack; bandwidth in MB/s (10^6 B/s)        [osu_bw]
@@ -551,20 +569,27 @@ BENCHMARKS (each follows the OSU 7.x program in brackets):
     allreduce  allreduce (sum of one-byte elements)                               [osu_allreduce]
     allgather  every rank contributes SIZE bytes and gets SIZE from each          [osu_allgather]
     alltoall   every rank sends SIZE bytes to each rank                           [osu_alltoall]
+    ring       every rank sends SIZE bytes to its right neighbour (rank + 1 mod N)
+               and receives from its left one, both started at once; time per
+               exchange                                                           [IMB-MPI1 Sendrecv]
+    p2pbarrier a dissemination barrier of sends and receives: in round k every
+               rank sends 0 bytes to rank + 2^k and receives from rank - 2^k
+               (mod N; tag 300 + k) while 2^k < N; time per barrier               [no OSU program]
 
 OPTIONS (OSU's, where they apply):
     -m, --message-size SIZES   MAX, MIN:MAX, MIN: or :MAX in bytes (k, m, g suffixes
                                accepted). Sizes double from MIN up to MAX.
                                Defaults: latency, bw, bibw, mr 1:4M; collectives
-                               1:1M. Only latency accepts a minimum of 0 (a 0-byte
-                               row, which OSU 7.x itself skips). Not for barrier.
+                               and ring 1:1M. Only latency accepts a minimum of 0 (a
+                               0-byte row, which OSU 7.x itself skips). Not for
+                               barrier and p2pbarrier.
     -i, --iterations N         timed iterations per size (sets the small- and the
                                large-message count alike, as OSU does)
     -x, --warmup N             untimed warm-up iterations per size (likewise)
     -W, --window-size N        messages per window for bw, bibw and mr (default 64,
                                at most 4096)
-    -f, --full                 collectives: also print min and max latency over the
-                               ranks and the iteration count
+    -f, --full                 collectives, ring and p2pbarrier: also print min and
+                               max latency over the ranks and the iteration count
     --ranks N                  in-process runs only: number of ranks (default 2; every
                                benchmark needs at least 2; latency, bw and bibw use
                                ranks 0 and 1 while the others only join the barriers)
@@ -574,8 +599,8 @@ DEFAULT ITERATIONS / WARM-UP (OSU 7.x; \"large\" means more than 8192 bytes):
     latency              10000 / 100, large 1000 / 10
     bw, bibw             100 / 10,    large 20 / 2
     mr                   100 / 10     (all sizes, as osu_mbw_mr)
-    barrier              1000 / 100
-    bcast and others     1000 / 100,  large 100 / 10
+    barrier, p2pbarrier  1000 / 100
+    bcast and others     1000 / 100,  large 100 / 10   (ring too)
 
 OUTPUT:
     Only rank 0 prints. The first line is a comment naming the benchmark and the

@@ -19,7 +19,7 @@ const TAG_STATS: u32 = 0x7277_0001;
 /// Average, minimum and maximum over the ranks of one latency (µs), on rank 0; `None`
 /// elsewhere (OSU's three `MPI_Reduce`s, as plain messages so that the statistics never
 /// depend on the collectives being measured).
-async fn gather_stats(comm: &Communicator, latency_us: f64) -> Result<Option<(f64, f64, f64)>> {
+pub async fn gather_stats(comm: &Communicator, latency_us: f64) -> Result<Option<(f64, f64, f64)>> {
     if comm.rank() != 0 {
         comm.send(0, TAG_STATS, latency_us.to_le_bytes().to_vec())
             .await?;
@@ -44,7 +44,12 @@ async fn gather_stats(comm: &Communicator, latency_us: f64) -> Result<Option<(f6
     Ok(Some((sum / comm.size() as f64, min, max)))
 }
 
-fn row(opts: &Options, size: Option<usize>, iters: usize, (avg, min, max): (f64, f64, f64)) -> Row {
+pub fn row(
+    opts: &Options,
+    size: Option<usize>,
+    iters: usize,
+    (avg, min, max): (f64, f64, f64),
+) -> Row {
     if opts.full {
         Row {
             size,

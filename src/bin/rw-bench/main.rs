@@ -1,8 +1,9 @@
 //! `rw-bench`: OSU-style micro-benchmarks over rankweave.
 //!
-//! `rw-bench <latency|bw|bibw|mr|barrier|bcast|reduce|allreduce|allgather|alltoall> [OPTIONS]`;
-//! `rw-bench --help` documents everything. The benchmarks follow the OSU micro-benchmarks 7.x
-//! (definitions, defaults, output columns) so their rows line up with OSU's.
+//! `rw-bench <latency|bw|bibw|mr|barrier|bcast|reduce|allreduce|allgather|alltoall|ring|p2pbarrier>
+//! [OPTIONS]`; `rw-bench --help` documents everything. The benchmarks follow the OSU
+//! micro-benchmarks 7.x (definitions, defaults, output columns) so their rows line up with
+//! OSU's; `ring` and `p2pbarrier`, which OSU does not have, keep its defaults and output format.
 //!
 //! Structure: [`run`] is the rank body — it only needs a [`Communicator`] and the options, not
 //! how ranks were started. [`launch`] starts ranks: in-process (`rankweave::local_with`) when
@@ -12,6 +13,7 @@
 mod cli;
 mod collective;
 mod error;
+mod exchange;
 mod pt2pt;
 mod report;
 #[cfg(test)]
@@ -43,6 +45,8 @@ pub async fn run(comm: Communicator, opts: Options) -> Result<Option<Report>> {
         Bench::Allreduce => collective::allreduce(&comm, &opts, &mut out).await?,
         Bench::Allgather => collective::allgather(&comm, &opts, &mut out).await?,
         Bench::Alltoall => collective::alltoall(&comm, &opts, &mut out).await?,
+        Bench::Ring => exchange::ring(&comm, &opts, &mut out).await?,
+        Bench::P2pBarrier => exchange::p2p_barrier(&comm, &opts, &mut out).await?,
     }
     Ok(out.finish())
 }

@@ -1,8 +1,8 @@
 //! Results in OSU's output format: a comment line, OSU's column header, one row per size.
 //!
 //! Widths are OSU 7.x's (`osu_util.h`): the size left-aligned in 10 columns, every value
-//! right-aligned in `FIELD_WIDTH` = 20 with `FLOAT_PRECISION` = 2 decimals; barrier, which has no
-//! size column, prints its value right-aligned in 17; `-f`'s iteration count takes 12.
+//! right-aligned in `FIELD_WIDTH` = 20 with `FLOAT_PRECISION` = 2 decimals; barrier and
+//! p2pbarrier, which have no size column, print its value right-aligned in 17; `-f`'s iteration count takes 12.
 
 use std::io::Write;
 
@@ -18,7 +18,7 @@ const ITERATIONS_WIDTH: usize = 12;
 /// One output row.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Row {
-    /// The message size; `None` for barrier.
+    /// The message size; `None` for barrier and p2pbarrier.
     pub size: Option<usize>,
     /// The values in column order (latency in µs, bandwidth in MB/s, messages/s, ...).
     pub values: Vec<f64>,
@@ -87,7 +87,7 @@ pub fn header(bench: Bench, full: bool) -> String {
             "{size}{:>FIELD_WIDTH$}{:>FIELD_WIDTH$}",
             "MB/s", "Messages/s"
         ),
-        Bench::Barrier => "# Avg Latency(us)".to_string(),
+        Bench::Barrier | Bench::P2pBarrier => "# Avg Latency(us)".to_string(),
         _ => format!("{size}{:>FIELD_WIDTH$}", "Avg Latency(us)"),
     };
     if full && bench.kind() == Kind::Collective {
@@ -138,7 +138,7 @@ pub fn preamble(comm: &Communicator, opts: &Options) -> String {
     };
     parts.push(progress);
     parts.push(format!("eager limit {} B", cfg.eager_limit));
-    let loops = if bench == Bench::Barrier || opts.iterations == opts.iterations_large {
+    let loops = if !bench.sized() || opts.iterations == opts.iterations_large {
         format!("iterations {} / warm-up {}", opts.iterations, opts.warmup)
     } else {
         format!(
@@ -148,10 +148,10 @@ pub fn preamble(comm: &Communicator, opts: &Options) -> String {
     };
     parts.push(loops);
     format!(
-        "# rw-bench {} ({}, {} 7.x): {}",
+        "# rw-bench {} ({}, {}): {}",
         bench.name(),
-        bench.osu_title(),
-        bench.osu_program(),
+        bench.title(),
+        bench.origin(),
         parts.join(", ")
     )
 }

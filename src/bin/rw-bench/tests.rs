@@ -4,6 +4,7 @@ use rankweave::Config;
 
 use crate::cli::{self, Bench, Command, Options};
 use crate::error::BenchError;
+use crate::exchange::dissemination_rounds;
 use crate::report::{self, Report, Row};
 use crate::run;
 
@@ -185,6 +186,77 @@ async fn sized_collectives_print_a_row_per_size() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ring_reports_every_size() {
+    let report = bench(4, &tiny("ring")).await;
+    assert_eq!(report.header, "# Size         Avg Latency(us)");
+    assert!(
+        report
+            .preamble
+            .starts_with("# rw-bench ring (Ring Exchange Latency Test, after IMB-MPI1 Sendrecv)")
+    );
+    assert!(report.preamble.contains("4 ranks (in-process)"));
+    assert_sizes(&report, 1);
+    // Two ranks (left and right neighbour are the same rank), an odd ring, and -f.
+    let report = bench(2, &tiny("ring")).await;
+    assert_sizes(&report, 1);
+    let mut args = tiny("ring");
+    args.push("-f");
+    let full = bench(3, &args).await;
+    assert_sizes(&full, 3);
+    for row in &full.rows {
+        let (avg, min, max) = (row.values[0], row.values[1], row.values[2]);
+        assert!(min <= avg && avg <= max, "{row:?}");
+        assert_eq!(row.iterations, Some(5));
+    }
+    // Rendezvous-sized messages too.
+    let report = bench(3, &["ring", "-m", "128k:256k", "-i", "2", "-x", "1"]).await;
+    assert_eq!(report.rows.len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn p2pbarrier_reports_one_value() {
+    for n in [2, 3, 4, 5, 8] {
+        let report = bench(n, &["p2pbarrier", "-i", "5", "-x", "1"]).await;
+        assert_eq!(report.header, "# Avg Latency(us)");
+        assert!(report.preamble.starts_with(
+            "# rw-bench p2pbarrier (Point-to-Point Dissemination Barrier Latency Test"
+        ));
+        assert!(report.preamble.contains("iterations 5 / warm-up 1"));
+        assert_eq!(report.rows.len(), 1, "{n} ranks");
+        assert_eq!(report.rows[0].size, None);
+        assert_eq!(report.rows[0].values.len(), 1);
+        assert!(report.rows[0].values[0] > 0.0);
+    }
+    let full = bench(3, &["p2pbarrier", "-i", "5", "-x", "0", "-f"]).await;
+    assert_eq!(full.rows[0].values.len(), 3);
+    assert_eq!(full.rows[0].iterations, Some(5));
+}
+
+/// Round k pairs rank r with r + 2^k and r - 2^k, on its own tag, for ⌈log2 N⌉ rounds; what a
+/// rank sends in a round is what its target receives from it in that round.
+#[test]
+fn dissemination_rounds_pair_up() {
+    assert!(dissemination_rounds(0, 1).is_empty());
+    assert_eq!(dissemination_rounds(0, 2), [(1, 1, 300)]);
+    assert_eq!(dissemination_rounds(0, 4), [(1, 3, 300), (2, 2, 301)]);
+    assert_eq!(
+        dissemination_rounds(1, 5),
+        [(2, 0, 300), (3, 4, 301), (0, 2, 302)]
+    );
+    for n in 1usize..=17 {
+        let expected_rounds = (usize::BITS - (n - 1).leading_zeros()) as usize;
+        for r in 0..n {
+            let rounds = dissemination_rounds(r, n);
+            assert_eq!(rounds.len(), expected_rounds, "n = {n}");
+            for (k, &(to, _, tag)) in rounds.iter().enumerate() {
+                assert_eq!(tag, 300 + k as u32);
+                assert_eq!(dissemination_rounds(to, n)[k].1, r, "n = {n}, round {k}");
+            }
+        }
+    }
+}
+
 #[test]
 fn unknown_subcommands_and_bad_flags_are_usage_errors() {
     assert!(usage_error(&["pingpong"]).contains("unknown benchmark `pingpong`"));
@@ -206,6 +278,11 @@ fn unknown_subcommands_and_bad_flags_are_usage_errors() {
     assert!(usage_error(&["mr", "-W", "4097"]).contains("between 1 and 4096"));
     assert!(usage_error(&["latency", "-f"]).contains("-f does not apply"));
     assert!(usage_error(&["barrier", "-m", "8"]).contains("-m does not apply"));
+    assert!(usage_error(&["p2pbarrier", "-m", "8"]).contains("-m does not apply"));
+    assert!(usage_error(&["ring", "-m", "0:8"]).contains("must be at least 1"));
+    assert!(usage_error(&["ring", "-W", "8"]).contains("-W does not apply"));
+    assert!(usage_error(&["ring", "--ranks", "1"]).contains("its right neighbour"));
+    assert!(usage_error(&["p2pbarrier", "--ranks", "1"]).contains("needs at least 2 ranks"));
     assert!(usage_error(&["latency", "--ranks", "1"]).contains("needs at least 2 ranks"));
     assert!(usage_error(&["bcast", "--ranks", "0"]).contains("out of range"));
     assert!(usage_error(&["latency", "--ranks"]).contains("--ranks needs a value"));
@@ -236,6 +313,10 @@ fn flags_parse_like_osu() {
     assert_eq!(parse(&["bw", "-h"]).unwrap(), Command::Help);
     assert_eq!(parse(&["help"]).unwrap(), Command::Help);
     assert_eq!(options(&["allreduce"]).bench, Bench::Allreduce);
+    assert_eq!(options(&["ring"]).bench, Bench::Ring);
+    assert_eq!(options(&["p2pbarrier", "-f"]).bench, Bench::P2pBarrier);
+    let o = options(&["ring", "-m", "8:8"]);
+    assert_eq!(o.sizes(), [8]);
 }
 
 #[test]
@@ -257,6 +338,17 @@ fn osu_7_defaults() {
     assert_eq!(options(&["latency"]).sizes().len(), 23);
     assert_eq!(options(&["bw"]).sizes().len(), 23);
     assert_eq!(options(&["bcast"]).sizes().len(), 21);
+    // ring and p2pbarrier take the collectives' defaults.
+    let o = options(&["ring"]);
+    assert_eq!((o.min_size, o.max_size), (1, 1 << 20));
+    assert_eq!(o.loops(8), (1_000, 100));
+    assert_eq!(o.loops(1 << 20), (100, 10));
+    let o = options(&["p2pbarrier"]);
+    assert_eq!((o.iterations, o.warmup), (1_000, 100));
+    assert_eq!(
+        report::header(Bench::P2pBarrier, false),
+        report::header(Bench::Barrier, false)
+    );
 }
 
 #[test]
