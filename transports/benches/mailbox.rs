@@ -1,7 +1,7 @@
 //! Micro-benchmarks of the in-process transport's queue, [`Mailbox`] (a rank's inbox: any
 //! thread pushes, the owner drains in batches): push then drain on one thread, in batches of 1
-//! and 64, and a producer thread streaming to a draining consumer. The shared-memory ring
-//! (a later transport) gets its benchmark beside this one.
+//! and 64, and a producer thread streaming to a draining consumer. The shared-memory transport's
+//! benchmark is beside this one (`benches/shm.rs`).
 //!
 //! `cargo bench -p rankweave-transports --bench mailbox`.
 
