@@ -68,11 +68,14 @@ pub(crate) async fn join(mut config: Config, bootstrap: Bootstrap) -> Result<Com
         let cores = usize::try_from(online).unwrap_or(1).max(1);
         config.spin_yield = Some(me.all_local && me.size as usize > cores);
     }
-    // Shared memory needs no network at all when every rank is here.
+    // Shared memory needs no network at all when every rank is here. Faults are injected
+    // beneath the reliability layer, so a chaos spec under `auto` means UDP for every peer.
+    let auto_network = config.transport == TransportKind::Auto && config.chaos.is_some();
     let shm_only = config.transport == TransportKind::Shm
-        || (config.transport == TransportKind::Auto && me.all_local);
+        || (config.transport == TransportKind::Auto && me.all_local && !auto_network);
     let local = match config.transport {
         TransportKind::Udp => None,
+        TransportKind::Auto if auto_network => None,
         _ => Some(
             ShmTransport::new(
                 me.rank,
