@@ -136,7 +136,9 @@ fn command(plan: &Plan, imp: Impl, config: Config, bench: &str) -> Result<Comman
                 c.args(["-bind-to", "core"]);
             }
             if config == Config::Udp {
-                c.args(["-genv", "MPIR_CVAR_NOLOCAL", "1"]);
+                // Debian's MPICH is ch4:ucx, and UCX keeps its own shared memory between local
+                // ranks unless told to use TCP only (MPIR_CVAR_NOLOCAL alone is not enough).
+                c.args(["-genv", "MPIR_CVAR_NOLOCAL", "1", "-genv", "UCX_TLS", "tcp,self"]);
             }
             c.arg(binary(root, "mpich", bench));
             c
