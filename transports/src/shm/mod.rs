@@ -293,67 +293,23 @@ impl Transport for ShmTransport {
     }
 
     fn poll_arrival(&self, cx: &mut Context<'_>) -> Poll<()> {
-        let doorbell = self.own.doorbell();
-        let ready = |park: &mut Park| {
-            park.waker = None;
-            park.recheck = None;
-            doorbell.disarm();
-            Poll::Ready(())
-        };
-        // Always looked at (it also registers the waker for exits), even when busy.
-        self.poll_exits(cx);
-        let signalled = self.signal.poll_signalled(cx).is_ready();
-        let mut park = lock(&self.park);
-        park.waker = Some(cx.waker().clone());
-        if park.busy > 0 {
-            // A future is busy-polling and takes in what arrives; only losses need us now.
-            if self.unreported.load(Ordering::Acquire) > 0 {
-                return ready(&mut park);
-            }
-            return self.poll_recheck(&mut park, cx);
-        }
-        if signalled || self.has_work() {
-            return ready(&mut park);
-        }
-        doorbell.arm();
-        if self.has_work() {
-            return ready(&mut park);
-        }
-        park.recheck = None;
-        Poll::Pending
+        self.rank.poll_arrival(cx)
     }
 
     fn may_have_arrivals(&self) -> bool {
-        self.has_work()
+        self.rank.may_have_arrivals()
     }
 
     fn begin_busy_poll(&self) {
-        let mut park = lock(&self.park);
-        park.busy += 1;
-        self.own.doorbell().disarm();
+        self.rank.begin_busy_poll();
     }
 
     fn end_busy_poll(&self) {
-        // The doorbell stays disarmed: the poller usually starts its next burst at once. If it
-        // parks instead, `waiter_parked` arms it; if it finished, the progress task's recheck
-        // timer does.
-        let mut park = lock(&self.park);
-        park.busy = park.busy.saturating_sub(1);
+        self.rank.end_busy_poll();
     }
 
     fn waiter_parked(&self) {
-        let park = lock(&self.park);
-        if park.busy == 0 && park.waker.is_some() {
-            self.own.doorbell().arm();
-            // Anything that arrived before the arm is taken in by the parking future's own
-            // check (the driver pumps after this) or wakes the progress task here.
-            if self.has_work() {
-                self.own.doorbell().disarm();
-                if let Some(w) = &park.waker {
-                    w.wake_by_ref();
-                }
-            }
-        }
+        self.rank.waiter_parked();
     }
 
     fn close(&self) {
@@ -834,35 +790,30 @@ impl Transport for ShmRank {
         let doorbell = self.own.doorbell();
         let ready = |park: &mut Park| {
             park.waker = None;
+            park.recheck = None;
             doorbell.disarm();
             Poll::Ready(())
         };
-        {
-            let mut park = lock(&self.park);
-            if self.has_work() {
+        // Always looked at (it also registers the waker for exits), even when busy.
+        self.poll_exits(cx);
+        let signalled = self.signal.poll_signalled(cx).is_ready();
+        let mut park = lock(&self.park);
+        park.waker = Some(cx.waker().clone());
+        if park.busy > 0 {
+            // A future is busy-polling and takes in what arrives; only losses need us now.
+            if self.unreported.load(Ordering::Acquire) > 0 {
                 return ready(&mut park);
             }
-            park.waker = Some(cx.waker().clone());
-            if park.busy == 0 {
-                doorbell.arm();
-                if self.has_work() {
-                    return ready(&mut park);
-                }
-            }
+            return self.poll_recheck(&mut park, cx);
         }
-        let mut woke = self.signal.poll_signalled(cx).is_ready();
-        for peer in self.connected_peers() {
-            if let Some(w) = &peer.watch {
-                if let Poll::Ready(Ok(mut g)) = w.poll_read_ready(cx) {
-                    // Readable means exited, and stays so; `report_lost` checks it itself.
-                    g.retain_ready();
-                    woke |= !peer.reported.load(Ordering::Acquire);
-                }
-            }
+        if signalled || self.has_work() {
+            return ready(&mut park);
         }
-        if woke {
-            return ready(&mut lock(&self.park));
+        doorbell.arm();
+        if self.has_work() {
+            return ready(&mut park);
         }
+        park.recheck = None;
         Poll::Pending
     }
 
@@ -877,16 +828,23 @@ impl Transport for ShmRank {
     }
 
     fn end_busy_poll(&self) {
+        // The doorbell stays disarmed: the poller usually starts its next burst at once. If it
+        // parks instead, `waiter_parked` arms it; if it finished, the progress task's recheck
+        // timer does.
         let mut park = lock(&self.park);
         park.busy = park.busy.saturating_sub(1);
+    }
+
+    fn waiter_parked(&self) {
+        let park = lock(&self.park);
         if park.busy == 0 && park.waker.is_some() {
-            // The progress task sleeps: from now on producers must signal it, and whatever
-            // came while the poller was busy must not wait for the next signal.
             self.own.doorbell().arm();
+            // Anything that arrived before the arm is taken in by the parking future's own
+            // check (the driver pumps after this) or wakes the progress task here.
             if self.has_work() {
                 self.own.doorbell().disarm();
-                if let Some(w) = park.waker.take() {
-                    w.wake();
+                if let Some(w) = &park.waker {
+                    w.wake_by_ref();
                 }
             }
         }
