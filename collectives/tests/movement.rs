@@ -610,3 +610,49 @@ async fn collectives_started_back_to_back_complete() {
         }
     }
 }
+
+/// 8 MiB, the top of the size range: broadcast from two roots (the chain algorithm at this
+/// size), all_gather of 2 MiB blocks (ring) and all_to_all of 2 MiB blocks (pairwise), with
+/// every byte checked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_megabytes_through_broadcast_all_gather_and_all_to_all() {
+    let eight = 8 << 20;
+    for n in [2usize, 3, 4] {
+        check_broadcast(n, &Config::default(), vec![0, n - 1], &[eight]).await;
+    }
+    let n = 4;
+    let block = eight / n / 4; // u32 elements: 2 MiB per rank
+    let got = job(n, &Config::default(), move |comm| async move {
+        let me = comm.rank();
+        let mine: Vec<u32> = (0..block).map(|i| (me * block + i) as u32).collect();
+        let gathered = comm.all_gather(&mine).await?;
+        let to_all: Vec<u32> = (0..n * block / n)
+            .flat_map(|i| (0..n).map(move |_| i))
+            .map(|i| (me * 1_000_000 + i) as u32)
+            .collect();
+        let swapped = comm.all_to_all(&to_all).await?;
+        Ok::<_, Error>((gathered, swapped))
+    })
+    .await;
+    for (rank, r) in got.into_iter().enumerate() {
+        let (gathered, swapped) = r.unwrap();
+        assert_eq!(gathered.len(), n * block);
+        assert!(
+            gathered.iter().enumerate().all(|(i, &v)| v == i as u32),
+            "all_gather of 8 MiB at rank {rank}"
+        );
+        // Rank r receives block r of every sender s: elements r*block..(r+1)*block of s's input.
+        let per = block; // elements per destination block
+        for from in 0..n {
+            let got = &swapped[from * per..(from + 1) * per];
+            let want: Vec<u32> = (rank * per..(rank + 1) * per)
+                .map(|j| (from * 1_000_000 + j / n) as u32)
+                .collect();
+            assert_eq!(
+                got,
+                &want[..],
+                "all_to_all block from {from} at rank {rank}"
+            );
+        }
+    }
+}

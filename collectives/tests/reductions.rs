@@ -611,3 +611,44 @@ async fn bitwise_ops_on_floats_are_rejected_before_anything_is_sent() {
         assert_eq!(sum.unwrap(), [4.0, 8.0, 12.0, 16.0]);
     }
 }
+
+/// 8 MiB of `u64` (a million elements) summed by every allreduce algorithm, and reduced to a
+/// root, on 3 and 4 ranks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_megabytes_reduced_by_every_algorithm() {
+    let len = (8 << 20) / 8;
+    for algorithm in [
+        None,
+        Some(AllreduceAlgorithm::RecursiveDoubling),
+        Some(AllreduceAlgorithm::Rabenseifner),
+        Some(AllreduceAlgorithm::Ring),
+    ] {
+        for n in [3usize, 4] {
+            let got = job_with(n, &config_with(algorithm), move |comm| async move {
+                let mine: Vec<u64> = (0..len as u64).map(|i| i ^ comm.rank() as u64).collect();
+                let all = comm.all_reduce(&mine, Op::Sum).await?;
+                let root = comm.reduce(n - 1, &mine, Op::Max).await?;
+                Ok::<_, Error>((all, root))
+            })
+            .await;
+            for (rank, r) in got.into_iter().enumerate() {
+                let (all, root) = r.unwrap();
+                let ok = all
+                    .iter()
+                    .enumerate()
+                    .all(|(i, &v)| v == (0..n as u64).map(|r| i as u64 ^ r).sum::<u64>());
+                assert!(ok, "{algorithm:?} n={n} rank={rank}: wrong sum");
+                match root {
+                    Some(m) => {
+                        assert_eq!(rank, n - 1);
+                        let ok = m.iter().enumerate().all(|(i, &v)| {
+                            v == (0..n as u64).map(|r| i as u64 ^ r).max().unwrap_or(0)
+                        });
+                        assert!(ok, "{algorithm:?} n={n}: wrong max at the root");
+                    }
+                    None => assert_ne!(rank, n - 1),
+                }
+            }
+        }
+    }
+}
