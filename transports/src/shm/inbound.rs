@@ -9,7 +9,7 @@
 //! length that cannot be allocated is dropped and counted, and a ring whose bytes break the
 //! ring's own rules is given up (the peer is then treated as failed).
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use rankweave_core::frame::Frame;
 use rankweave_core::{Arrival, wire};
 
@@ -20,6 +20,10 @@ use super::pool::BufferPool;
 use super::record::{self, Record};
 use super::ring::{Popped, RingConsumer};
 use super::segment::Segment;
+
+/// Bytes of each chunk small frames are copied into: small enough that a message the
+/// application keeps long does not keep much else alive with it.
+const ARENA_CHUNK: usize = 16 * 1024;
 
 /// The largest frame accepted in pieces (1 TiB): a sanity bound on a peer-supplied length.
 const MAX_PIECED_FRAME: u64 = 1 << 40;
@@ -73,6 +77,9 @@ pub(crate) struct Inbound {
 #[derive(Debug)]
 struct Stream {
     sender: u32,
+    /// Small frames are copied out of the ring into slices of this chunk: one allocation per
+    /// chunk instead of one per frame (a frame's `Bytes` keeps its chunk alive).
+    arena: BytesMut,
     partial: Option<Partial>,
     said_bye: bool,
     broken: bool,
@@ -86,6 +93,7 @@ impl Inbound {
             consumer: RingConsumer::new(control, own.geometry()),
             stream: Stream {
                 sender,
+                arena: BytesMut::new(),
                 partial: None,
                 said_bye: false,
                 broken: false,
@@ -187,7 +195,14 @@ impl Stream {
                 let _ = bytes;
                 Handled::Nothing
             }
-            Record::Frame(bytes) => self.deliver(Bytes::copy_from_slice(bytes), out),
+            Record::Frame(bytes) => {
+                if self.arena.capacity() < bytes.len() {
+                    self.arena = BytesMut::with_capacity(ARENA_CHUNK.max(bytes.len()));
+                }
+                self.arena.extend_from_slice(bytes);
+                let frame = self.arena.split().freeze();
+                self.deliver(frame, out)
+            }
             Record::SingleCopy {
                 token,
                 addr,

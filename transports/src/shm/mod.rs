@@ -1,15 +1,15 @@
 //! Shared memory between the processes of one host.
 //!
-//! Every rank owns a [segment](segment) holding one single-producer/single-consumer
-//! [ring](ring) per possible sender; a rank sends to a local peer by writing records into the
+//! Every rank owns a segment (`segment.rs`) holding one single-producer/single-consumer
+//! ring (`ring.rs`) per possible sender; a rank sends to a local peer by writing records into the
 //! ring for it in the peer's segment, which it maps through `/proc/<pid>/fd/<fd>` on first
 //! contact (Yu's on-demand connection: a rank that talks to three neighbours maps three
 //! segments). Small frames are copied into the ring; large payloads are read by the receiver
 //! straight from the sender's memory with `process_vm_readv`, or pipelined through the ring in
-//! pieces where that is not permitted ([`outbound`]).
+//! pieces where that is not permitted (`outbound.rs`).
 //!
 //! A rank reads its rings whenever it polls; only when it has nothing to do does it arm its
-//! [doorbell](doorbell) and sleep in tokio's reactor on its [signal socket](signal), so that
+//! doorbell (`doorbell.rs`) and sleep in tokio's reactor on its signal socket (`signal.rs`), so that
 //! producers pay for a wake-up only when one is needed. A local peer that exits (even by
 //! `kill -9`) is noticed through a `pidfd` and reported as [`Arrival::PeerLost`] after
 //! everything it wrote has been read; a peer that closes says `BYE` in its rings.
