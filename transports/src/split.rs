@@ -139,6 +139,11 @@ impl Transport for SplitTransport {
         self.network.end_busy_poll();
     }
 
+    fn waiter_parked(&self) {
+        self.local.waiter_parked();
+        self.network.waiter_parked();
+    }
+
     fn close(&self) {
         self.local.close();
         self.network.close();

@@ -138,7 +138,14 @@ fn command(plan: &Plan, imp: Impl, config: Config, bench: &str) -> Result<Comman
             if config == Config::Udp {
                 // Debian's MPICH is ch4:ucx, and UCX keeps its own shared memory between local
                 // ranks unless told to use TCP only (MPIR_CVAR_NOLOCAL alone is not enough).
-                c.args(["-genv", "MPIR_CVAR_NOLOCAL", "1", "-genv", "UCX_TLS", "tcp,self"]);
+                c.args([
+                    "-genv",
+                    "MPIR_CVAR_NOLOCAL",
+                    "1",
+                    "-genv",
+                    "UCX_TLS",
+                    "tcp,self",
+                ]);
             }
             c.arg(binary(root, "mpich", bench));
             c

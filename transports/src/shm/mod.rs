@@ -143,6 +143,8 @@ struct Park {
     /// timer makes the sleeping progress task look again soon, in case they stopped without
     /// parking (see `waiter_parked`).
     recheck: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// A busy poller woke the sleeping progress task to set its recheck timer.
+    nudged: bool,
 }
 
 /// How soon a progress task that could not arm the doorbell (futures were spinning) looks
@@ -799,6 +801,7 @@ impl Transport for ShmRank {
         let signalled = self.signal.poll_signalled(cx).is_ready();
         let mut park = lock(&self.park);
         park.waker = Some(cx.waker().clone());
+        park.nudged = false;
         if park.busy > 0 {
             // A future is busy-polling and takes in what arrives; only losses need us now.
             if self.unreported.load(Ordering::Acquire) > 0 {
@@ -825,6 +828,15 @@ impl Transport for ShmRank {
         let mut park = lock(&self.park);
         park.busy += 1;
         self.own.doorbell().disarm();
+        if park.recheck.is_none() && !park.nudged {
+            // The progress task sleeps trusting the doorbell, which is now off: wake it once
+            // so that it looks again after the pollers (it sets its recheck timer), since they
+            // may finish without parking and leave arrivals to it.
+            if let Some(w) = &park.waker {
+                w.wake_by_ref();
+                park.nudged = true;
+            }
+        }
     }
 
     fn end_busy_poll(&self) {

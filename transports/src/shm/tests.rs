@@ -263,3 +263,41 @@ fn segment_addresses_round_trip_and_junk_is_refused() {
         assert_eq!(SegmentAddress::decode(junk), None, "{junk:?}");
     }
 }
+
+/// A future that busy-polls for a while and then finishes without parking (so nobody calls
+/// `waiter_parked`) must not leave the sleeping progress engine deaf: a later frame still wakes
+/// it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_poller_that_finishes_without_parking_leaves_the_rank_wakeable() {
+    let t = Arc::new(job(2, settings(64 * 1024, true)));
+    t[0].send(1, eager(0, vec![])).unwrap();
+    assert_eq!(collect(&t[1], &[], 1).len(), 1);
+    // The "progress task": sleeps in poll_arrival, drains when woken, reports frames.
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let progress = {
+        let t = Arc::clone(&t);
+        tokio::spawn(async move {
+            loop {
+                std::future::poll_fn(|cx| t[1].poll_arrival(cx)).await;
+                let mut out = Vec::new();
+                t[1].drain(&mut out).unwrap();
+                for a in out {
+                    let _ = tx.send(a);
+                }
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    // A future spins for a moment and completes.
+    t[1].begin_busy_poll();
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    t[1].end_busy_poll();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    t[0].send(1, eager(1, vec![9])).unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await;
+    progress.abort();
+    assert!(
+        matches!(got, Ok(Some(Arrival::Frame { from: 0, .. }))),
+        "the frame sent after the busy poller left was not noticed: {got:?}"
+    );
+}
