@@ -273,7 +273,7 @@ async fn connect(bootstrap: Bootstrap) -> Result<(Backend, Membership), String> 
             // Hydra describes the placement as `(vector,(first_node,nodes,ranks_per_node),...)`:
             // one block on one node means everyone is here.
             let all_local = match client.get("PMI_process_mapping").await {
-                Ok(map) => single_node_mapping(&map, size),
+                Ok(map) => single_node_mapping(&map),
                 Err(_) => size == 1,
             };
             Ok((
@@ -330,8 +330,8 @@ async fn connect_rendezvous(job: RendezvousJob) -> Result<(Backend, Membership),
     ))
 }
 
-/// Whether a PMI-1 `PMI_process_mapping` value puts all `size` ranks on one node.
-fn single_node_mapping(map: &str, size: u32) -> bool {
+/// Whether a PMI-1 `PMI_process_mapping` value puts every rank on one node.
+fn single_node_mapping(map: &str) -> bool {
     let inner = map.trim().trim_start_matches('(').trim_end_matches(')');
     let mut parts = inner.split(',').map(str::trim);
     if parts.next() != Some("vector") {
@@ -341,9 +341,9 @@ fn single_node_mapping(map: &str, size: u32) -> bool {
         .map(|p| p.trim_matches(|c| c == '(' || c == ')'))
         .collect();
     match block.as_slice() {
-        [_, nodes, per_node] => {
-            nodes.parse::<u32>() == Ok(1) && per_node.parse::<u32>().is_ok_and(|p| p >= size)
-        }
+        // The block repeats over the ranks: with one node in it, every rank lands on that node
+        // whatever the ranks per node (Hydra says `(vector,(0,1,1))` for any -n on one host).
+        [_, nodes, per_node] => nodes.parse::<u32>() == Ok(1) && per_node.parse::<u32>().is_ok(),
         _ => false,
     }
 }
@@ -431,10 +431,11 @@ mod tests {
 
     #[test]
     fn hydra_process_mappings() {
-        assert!(single_node_mapping("(vector,(0,1,4))", 4));
-        assert!(!single_node_mapping("(vector,(0,2,2))", 4));
-        assert!(!single_node_mapping("(vector,(0,1,2),(1,1,2))", 4));
-        assert!(!single_node_mapping("", 4));
-        assert!(!single_node_mapping("garbage", 1));
+        assert!(single_node_mapping("(vector,(0,1,4))"));
+        assert!(single_node_mapping("(vector,(0,1,1))"), "Hydra's form on one host");
+        assert!(!single_node_mapping("(vector,(0,2,2))"));
+        assert!(!single_node_mapping("(vector,(0,1,2),(1,1,2))"));
+        assert!(!single_node_mapping(""));
+        assert!(!single_node_mapping("garbage"));
     }
 }
