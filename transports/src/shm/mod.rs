@@ -145,6 +145,8 @@ struct Park {
     recheck: Option<Pin<Box<tokio::time::Sleep>>>,
     /// A busy poller woke the sleeping progress task to set its recheck timer.
     nudged: bool,
+    /// A busy poller started since the progress task last looked.
+    busy_seen: bool,
 }
 
 /// How soon a progress task that could not arm the doorbell (futures were spinning) looks
@@ -802,8 +804,12 @@ impl Transport for ShmRank {
         let mut park = lock(&self.park);
         park.waker = Some(cx.waker().clone());
         park.nudged = false;
-        if park.busy > 0 {
-            // A future is busy-polling and takes in what arrives; only losses need us now.
+        // Futures busy-polling now, or since the last look (they poll in short bursts with
+        // gaps between): they take in what arrives, and arming the doorbell in a gap would
+        // only make producers pay for signals. Look again after the recheck time instead.
+        let recently_busy = std::mem::take(&mut park.busy_seen);
+        if park.busy > 0 || recently_busy {
+            // Only losses need the progress engine now.
             if self.unreported.load(Ordering::Acquire) > 0 {
                 return ready(&mut park);
             }
@@ -827,6 +833,7 @@ impl Transport for ShmRank {
     fn begin_busy_poll(&self) {
         let mut park = lock(&self.park);
         park.busy += 1;
+        park.busy_seen = true;
         self.own.doorbell().disarm();
         if park.recheck.is_none() && !park.nudged {
             // The progress task sleeps trusting the doorbell, which is now off: wake it once
