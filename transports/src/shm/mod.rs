@@ -804,12 +804,8 @@ impl Transport for ShmRank {
         let mut park = lock(&self.park);
         park.waker = Some(cx.waker().clone());
         park.nudged = false;
-        // Futures busy-polling now, or since the last look (they poll in short bursts with
-        // gaps between): they take in what arrives, and arming the doorbell in a gap would
-        // only make producers pay for signals. Look again after the recheck time instead.
-        let recently_busy = std::mem::take(&mut park.busy_seen);
-        if park.busy > 0 || recently_busy {
-            // Only losses need the progress engine now.
+        if park.busy > 0 {
+            // A future is busy-polling and takes in what arrives; only losses need us now.
             if self.unreported.load(Ordering::Acquire) > 0 {
                 return ready(&mut park);
             }
@@ -817,6 +813,12 @@ impl Transport for ShmRank {
         }
         if signalled || self.has_work() {
             return ready(&mut park);
+        }
+        // Futures polled since the last look: they poll in short bursts, and arming the
+        // doorbell in a gap between two would only make producers pay for signals. Look again
+        // after the recheck time instead (a future that parks arms it at once).
+        if std::mem::take(&mut park.busy_seen) {
+            return self.poll_recheck(&mut park, cx);
         }
         doorbell.arm();
         if self.has_work() {
@@ -855,7 +857,10 @@ impl Transport for ShmRank {
     }
 
     fn waiter_parked(&self) {
-        let park = lock(&self.park);
+        let mut park = lock(&self.park);
+        // The future will not poll in bursts any more: the progress task may arm the
+        // doorbell as soon as it next looks (if it is running now), or here (if it sleeps).
+        park.busy_seen = false;
         if park.busy == 0 && park.waker.is_some() {
             self.own.doorbell().arm();
             // Anything that arrived before the arm is taken in by the parking future's own
