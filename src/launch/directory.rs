@@ -432,7 +432,10 @@ mod tests {
     #[test]
     fn hydra_process_mappings() {
         assert!(single_node_mapping("(vector,(0,1,4))"));
-        assert!(single_node_mapping("(vector,(0,1,1))"), "Hydra's form on one host");
+        assert!(
+            single_node_mapping("(vector,(0,1,1))"),
+            "Hydra's form on one host"
+        );
         assert!(!single_node_mapping("(vector,(0,2,2))"));
         assert!(!single_node_mapping("(vector,(0,1,2),(1,1,2))"));
         assert!(!single_node_mapping(""));

@@ -67,11 +67,26 @@ pub fn row(
 
 /// osu_barrier: the time of one barrier, averaged over the iterations and the ranks.
 pub async fn barrier(comm: &Communicator, opts: &Options, out: &mut Reporter) -> Result<()> {
+    timed_unsized(comm, opts, out, || async { Ok(comm.barrier().await?) }).await
+}
+
+/// osu_barrier's loop for an operation without a size: every iteration times `op` alone on
+/// every rank, warm-up iterations are not timed, and rank 0 reports the mean over the ranks.
+pub async fn timed_unsized<F, Fut>(
+    comm: &Communicator,
+    opts: &Options,
+    out: &mut Reporter,
+    mut op: F,
+) -> Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<()>>,
+{
     let (iters, skip) = (opts.iterations, opts.warmup);
     let mut timer = Duration::ZERO;
     for i in 0..iters + skip {
         let t = Instant::now();
-        comm.barrier().await?;
+        op().await?;
         let dt = t.elapsed();
         if i >= skip {
             timer += dt;

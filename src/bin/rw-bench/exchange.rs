@@ -14,7 +14,7 @@ use bytes::Bytes;
 use rankweave::{Collectives, Communicator, Message};
 
 use crate::cli::Options;
-use crate::collective::{gather_stats, row};
+use crate::collective::{gather_stats, row, timed_unsized};
 use crate::error::{BenchError, Result};
 use crate::report::Reporter;
 
@@ -98,24 +98,13 @@ pub fn dissemination_rounds(me: usize, n: usize) -> Vec<(usize, usize, u32)> {
 /// p2pbarrier: a dissemination barrier of 0-byte messages, ⌈log2 N⌉ rounds; the time of one
 /// barrier, averaged over the iterations and the ranks (osu_barrier's loop).
 pub async fn p2p_barrier(comm: &Communicator, opts: &Options, out: &mut Reporter) -> Result<()> {
-    let (iters, skip) = (opts.iterations, opts.warmup);
     let rounds = dissemination_rounds(comm.rank(), comm.size());
     let empty = Bytes::new();
-    let mut timer = Duration::ZERO;
-    for i in 0..iters + skip {
-        let t = Instant::now();
+    timed_unsized(comm, opts, out, || async {
         for &(to, from, tag) in &rounds {
             exchange(comm, to, from, tag, &empty, "p2pbarrier").await?;
         }
-        let dt = t.elapsed();
-        if i >= skip {
-            timer += dt;
-        }
-    }
-    comm.barrier().await?;
-    let latency = timer.as_secs_f64() * 1e6 / iters as f64;
-    if let Some(stats) = gather_stats(comm, latency).await? {
-        out.row(row(opts, None, iters, stats));
-    }
-    Ok(())
+        Ok(())
+    })
+    .await
 }
