@@ -480,21 +480,14 @@ int osu_run_collective(int argc, char **argv, const char *name,
     osu_print_banner(rank, name, title, &opt, nprocs);
     if (rank == 0) {
         printf("# Datatype: MPI_CHAR.\n");
-        printf("%-*s%*s", 10, "# Size", OSU_FIELD_WIDTH, "Avg Latency(us)");
-        if (opt.full) {
-            printf("%*s%*s%*s", OSU_FIELD_WIDTH, "Min Latency(us)",
-                   OSU_FIELD_WIDTH, "Max Latency(us)", 12, "Iterations");
-        }
-        printf("\n");
-        fflush(stdout);
     }
+    osu_print_latency_header(rank, &opt, 1);
 
     for (size_t size = opt.min_size; size <= opt.max_size;
          size = osu_next_size(size)) {
         int iters = osu_iters(&opt, size);
         int skip = osu_skip(&opt, size);
-        double timer = 0.0, latency, min_lat = 0.0, max_lat = 0.0,
-               sum_lat = 0.0;
+        double timer = 0.0;
 
         MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
         for (int i = 0; i < iters + skip; i++) {
@@ -506,25 +499,8 @@ int osu_run_collective(int argc, char **argv, const char *name,
                 timer += t_stop - t_start;
             }
         }
-        latency = timer * 1e6 / iters;
-
-        MPI_CHECK(MPI_Reduce(&latency, &min_lat, 1, MPI_DOUBLE, MPI_MIN, 0,
-                             MPI_COMM_WORLD));
-        MPI_CHECK(MPI_Reduce(&latency, &max_lat, 1, MPI_DOUBLE, MPI_MAX, 0,
-                             MPI_COMM_WORLD));
-        MPI_CHECK(MPI_Reduce(&latency, &sum_lat, 1, MPI_DOUBLE, MPI_SUM, 0,
-                             MPI_COMM_WORLD));
-        if (rank == 0) {
-            printf("%-*zu%*.*f", 10, size, OSU_FIELD_WIDTH,
-                   OSU_FLOAT_PRECISION, sum_lat / nprocs);
-            if (opt.full) {
-                printf("%*.*f%*.*f%*d", OSU_FIELD_WIDTH, OSU_FLOAT_PRECISION,
-                       min_lat, OSU_FIELD_WIDTH, OSU_FLOAT_PRECISION, max_lat,
-                       12, iters);
-            }
-            printf("\n");
-            fflush(stdout);
-        }
+        osu_print_latency_row(rank, nprocs, &opt, 1, size, iters,
+                              timer * 1e6 / iters);
     }
 
     free(sbuf);
