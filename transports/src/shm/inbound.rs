@@ -191,10 +191,7 @@ impl Stream {
             return Handled::Malformed;
         };
         match rec {
-            Record::Frame(bytes) if discard => {
-                let _ = bytes;
-                Handled::Nothing
-            }
+            Record::Frame(_) if discard => Handled::Nothing,
             Record::Frame(bytes) => {
                 if self.arena.capacity() < bytes.len() {
                     self.arena = BytesMut::with_capacity(ARENA_CHUNK.max(bytes.len()));

@@ -28,7 +28,6 @@ mod ring;
 mod segment;
 mod signal;
 
-use std::collections::VecDeque;
 use std::future::Future;
 use std::os::unix::net::SocketAddr;
 use std::pin::Pin;
@@ -46,6 +45,7 @@ use rustc_hash::FxHashMap;
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
 
+use crate::inproc::Mailbox;
 use host::ProcessWatch;
 use inbound::{Effect, Inbound, ReadInto};
 use outbound::Outbound;
@@ -209,8 +209,7 @@ pub struct ShmRank {
     /// Receive buffers for large frames.
     pool: Arc<BufferPool>,
     /// Frames this rank sent to itself.
-    loopback: Mutex<VecDeque<Arrival>>,
-    loopback_len: AtomicUsize,
+    loopback: Mailbox<Arrival>,
     /// Peers with records waiting for ring space.
     queued_peers: AtomicUsize,
     park: Mutex<Park>,
@@ -364,8 +363,7 @@ impl ShmRank {
             connecting: Mutex::new(()),
             inbound: Mutex::new(InboundSet::default()),
             pool: Arc::default(),
-            loopback: Mutex::new(VecDeque::new()),
-            loopback_len: AtomicUsize::new(0),
+            loopback: Mailbox::new(),
             queued_peers: AtomicUsize::new(0),
             park: Mutex::new(Park::default()),
             closed: AtomicBool::new(false),
@@ -580,7 +578,7 @@ impl ShmRank {
     /// Whether anything needs the progress engine: records in a ring, frames to self, queued
     /// records that now fit, or a peer to report lost. Lock-free.
     fn has_work(&self) -> bool {
-        if self.loopback_len.load(Ordering::Acquire) > 0 || self.can_flush() {
+        if !self.loopback.is_empty() || self.can_flush() {
             return true;
         }
         // Rings of senders that said goodbye or broke may hold records never to be read;
@@ -753,12 +751,13 @@ impl Transport for ShmRank {
         bump(&self.counters.frames_sent, 1);
         bump(&self.counters.bytes_sent, frame.payload.len() as u64);
         if to == self.me.rank {
-            lock(&self.loopback).push_back(Arrival::Frame {
-                from: self.me.rank,
-                frame,
-            });
-            self.loopback_len.fetch_add(1, Ordering::AcqRel);
-            return Ok(());
+            return self
+                .loopback
+                .push(Arrival::Frame {
+                    from: self.me.rank,
+                    frame,
+                })
+                .map_err(|_| TransportError::Closed);
         }
         let peer = self.peer(to)?;
         if peer.gone.load(Ordering::Acquire) {
@@ -776,13 +775,7 @@ impl Transport for ShmRank {
     }
 
     fn drain(&self, out: &mut Vec<Arrival>) -> Result<usize, TransportError> {
-        let mut n = 0;
-        if self.loopback_len.load(Ordering::Acquire) > 0 {
-            let mut lb = lock(&self.loopback);
-            n += lb.len();
-            self.loopback_len.fetch_sub(lb.len(), Ordering::AcqRel);
-            out.extend(lb.drain(..));
-        }
+        let mut n = self.loopback.drain_into(out);
         self.flush_queued();
         let gone = self.gone_unreported();
         n += self.read_rings(out, false);
