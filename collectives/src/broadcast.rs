@@ -60,6 +60,10 @@ pub(crate) async fn run(cx: Ctx, root: usize, data: Bytes) -> Result<Bytes, Erro
         _ if len == 0 => Ok(Bytes::new()),
         BcastAlgorithm::ScatterAllgather => scatter_allgather(&cx, &tree, len, data).await,
         BcastAlgorithm::Chain => chain(&cx, &tree, len, data).await,
+        BcastAlgorithm::Multicast | BcastAlgorithm::Channels => Err(Error::Protocol {
+            peer: root,
+            detail: "a point-to-point broadcast header named a multicast algorithm".into(),
+        }),
     };
     await_all(headers).await?;
     result
@@ -68,7 +72,12 @@ pub(crate) async fn run(cx: Ctx, root: usize, data: Bytes) -> Result<Bytes, Erro
 /// The root's choice (see the [module docs](self)).
 fn choose(cx: &Ctx, len: usize) -> BcastAlgorithm {
     let tuning = &cx.comm.config().collectives;
-    if let Some(algorithm) = tuning.bcast {
+    if let Some(
+        algorithm @ (BcastAlgorithm::Binomial
+        | BcastAlgorithm::ScatterAllgather
+        | BcastAlgorithm::Chain),
+    ) = tuning.bcast
+    {
         algorithm
     } else if len < tuning.bcast_large || cx.size <= 2 {
         BcastAlgorithm::Binomial
@@ -84,6 +93,8 @@ fn algorithm_id(algorithm: BcastAlgorithm) -> u8 {
         BcastAlgorithm::Binomial => 0,
         BcastAlgorithm::ScatterAllgather => 1,
         BcastAlgorithm::Chain => 2,
+        // Never chosen here (see `choose`): multicast broadcasts take another path.
+        BcastAlgorithm::Multicast | BcastAlgorithm::Channels => 0,
     }
 }
 

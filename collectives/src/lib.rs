@@ -27,7 +27,7 @@
 //! | collective | algorithms |
 //! |---|---|
 //! | barrier | dissemination |
-//! | broadcast | binomial tree (small), scatter + ring allgather (large), pipelined chain (very large) |
+//! | broadcast | binomial tree (small), scatter + ring allgather (large), pipelined chain (very large); on request two-stage multicast or LA-MPI channels ([`mcast`]) |
 //! | reduce | binomial tree (order-preserving for non-commutative operations) |
 //! | all_reduce | recursive doubling (small), Rabenseifner (large), ring |
 //! | gather(v), scatter(v) | binomial tree |
@@ -45,6 +45,7 @@ mod barrier;
 mod broadcast;
 mod ctx;
 mod gather;
+pub mod mcast;
 pub mod op;
 mod reduce;
 mod reduce_scatter;
@@ -57,6 +58,7 @@ use bytemuck::Pod;
 use bytes::Bytes;
 use rankweave_core::{Communicator, Error, Payload};
 
+pub use mcast::BcastStats;
 pub use op::{Op, ReduceOp, Reducible, UserOp};
 pub use started::CollectiveOp;
 
@@ -95,6 +97,11 @@ pub trait Collectives {
     /// than `root` may pass anything (an empty `Vec`, say): it is ignored, and they learn the
     /// length from the root.
     fn broadcast(&self, root: usize, data: impl Payload) -> CollectiveOp<Bytes>;
+
+    /// What this communicator's multicast broadcasts did on this rank (`RANKWEAVE_BCAST` =
+    /// `multicast` or `channels`): fragments multicast and repaired, NACKs, synchronisations,
+    /// dropped packets, the group's own counters. `None` before the first one.
+    fn multicast_stats(&self) -> Option<BcastStats>;
 
     /// Combines every rank's `data` with `op`; `root` gets `Some(result)`, the others `None`.
     fn reduce<T: Element>(
@@ -167,9 +174,25 @@ impl Collectives for Communicator {
 
     fn broadcast(&self, root: usize, data: impl Payload) -> CollectiveOp<Bytes> {
         let data = data.into_bytes();
+        if let Some(algorithm) = mcast::selected(self) {
+            // Registered with the engine now (broadcast ids follow call order), like any
+            // operation; the engine's task moves it.
+            return start(self, ctx::check_root(root, self.size()), move |cx| {
+                let engine = cx
+                    .comm
+                    .extension(|comm| mcast::engine::Engine::new(comm, algorithm));
+                let me = cx.rank;
+                engine.broadcast(root, (root == me).then_some(data))
+            });
+        }
         start(self, ctx::check_root(root, self.size()), move |cx| {
             broadcast::run(cx, root, data)
         })
+    }
+
+    fn multicast_stats(&self) -> Option<BcastStats> {
+        self.existing_extension::<mcast::engine::Engine>()
+            .map(|e| e.stats())
     }
 
     fn reduce<T: Element>(

@@ -107,8 +107,13 @@ impl ChaosSpec {
     /// Errors name `RANKWEAVE_CHAOS`, the whole value, and what was expected at the first item
     /// that could not be parsed.
     pub fn parse(value: &str) -> Result<ChaosSpec, ConfigError> {
+        ChaosSpec::parse_for(CHAOS_VARIABLE, value)
+    }
+
+    /// [`parse`](Self::parse) for a value read from another variable (errors name `variable`).
+    pub fn parse_for(variable: &str, value: &str) -> Result<ChaosSpec, ConfigError> {
         let err = |expected: String| ConfigError {
-            variable: CHAOS_VARIABLE.into(),
+            variable: variable.into(),
             value: value.into(),
             expected,
         };
@@ -297,7 +302,7 @@ fn parse_route(v: &str) -> Option<usize> {
 }
 
 /// `500us`, `2ms`, `1.5s`, `100ns`, `0s`: a non-negative duration with a unit.
-fn parse_duration(v: &str) -> Option<Duration> {
+pub(crate) fn parse_duration(v: &str) -> Option<Duration> {
     let split = v
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(v.len());

@@ -163,6 +163,9 @@ pub struct Config {
     /// Algorithm choices and thresholds of the collectives (`RANKWEAVE_BCAST`,
     /// `RANKWEAVE_ALLREDUCE`, ...; see [`crate::tuning`]).
     pub collectives: crate::tuning::CollectiveTuning,
+    /// Multicast groups and the multicast broadcasts (`RANKWEAVE_MULTICAST`,
+    /// `RANKWEAVE_MCAST_*`; see [`crate::multicast`]).
+    pub multicast: crate::multicast::MulticastConfig,
 }
 
 impl Default for Config {
@@ -182,6 +185,7 @@ impl Default for Config {
             peer_timeout: Duration::from_secs(5),
             rendezvous: None,
             collectives: crate::tuning::CollectiveTuning::default(),
+            multicast: crate::multicast::MulticastConfig::default(),
         }
     }
 }
@@ -289,7 +293,18 @@ impl Config {
             }
         }
         self.collectives.apply_env(&get)?;
+        self.multicast.apply_env(&get)?;
         Ok(self)
+    }
+
+    /// Whether communicators join a multicast group: the explicit `RANKWEAVE_MULTICAST`
+    /// setting, else on exactly when `RANKWEAVE_BCAST` picks a multicast algorithm.
+    pub fn multicast_enabled(&self) -> bool {
+        use crate::tuning::BcastAlgorithm as B;
+        self.multicast.enabled.unwrap_or(matches!(
+            self.collectives.bcast,
+            Some(B::Multicast | B::Channels)
+        ))
     }
 
     /// Whether the reliability layer runs over `transport`: the explicit setting if there is
@@ -339,7 +354,11 @@ fn parse_routes(v: &str) -> Result<Vec<RouteSpec>, ConfigError> {
 }
 
 /// `on`/`off` (and, where `auto_allowed`, `auto` as `None`).
-fn parse_switch(variable: &str, v: &str, auto_allowed: bool) -> Result<Option<bool>, ConfigError> {
+pub(crate) fn parse_switch(
+    variable: &str,
+    v: &str,
+    auto_allowed: bool,
+) -> Result<Option<bool>, ConfigError> {
     match v.trim().to_ascii_lowercase().as_str() {
         "on" | "1" | "true" | "yes" => Ok(Some(true)),
         "off" | "0" | "false" | "no" => Ok(Some(false)),

@@ -4,6 +4,7 @@
 //! * [`matching`]: MPI matching of messages to receives (posted and unexpected queues).
 //! * [`protocol`]: eager and rendezvous protocols as a sans-IO state machine per rank.
 //! * [`transport`]: the trait transports implement; [`frame`]: what they carry.
+//! * [`multicast`]: the trait multicast fabrics implement (one group per communicator).
 //! * [`Communicator`]: the application's handle, driven by a per-rank progress engine.
 //!
 //! Applications normally use the `rankweave` facade crate, which re-exports all of this.
@@ -17,6 +18,7 @@ pub mod config;
 pub mod error;
 pub mod frame;
 pub mod matching;
+pub mod multicast;
 pub mod protocol;
 pub mod reliability;
 pub mod rng;
@@ -33,6 +35,7 @@ pub use chaos::ChaosSpec;
 pub use comm::{Communicator, ProbeOp, RecvIntoOp, RecvOp, SendOp};
 pub use config::{Config, ProgressPolicy, RouteSpec, ShmConfig, TransportKind};
 pub use error::{ConfigError, Error, Result, TransportError};
+pub use multicast::{GroupId, MulticastConfig, MulticastFabric, MulticastGroup, MulticastSetup};
 pub use stats::{RouteCounters, ShmCounters, Stats, TransportStats};
 pub use transport::{Arrival, Capabilities, Transport};
 pub use tuning::CollectiveTuning;

@@ -1,6 +1,6 @@
 //! A small seeded generator (SplitMix64) for fault injection and simulations: deterministic for a
 //! seed, any seed (0 included) works. Not for anything that must be unpredictable. Plus
-//! [`random_u64`] for values that must differ between runs (job keys).
+//! [`random_u64`] for values that must differ between runs and be unpredictable (job keys).
 
 /// SplitMix64 (Steele, Lea and Flood).
 #[derive(Clone, Debug)]
@@ -47,10 +47,14 @@ mod tests {
     }
 }
 
-/// A fresh random 64-bit value, different in every call and every process (for job keys: it
-/// must make collisions between jobs unlikely, not resist an attacker). Mixes the standard
-/// library's per-process random hash keys with the time and the process id; never 0.
+/// A fresh random 64-bit value from the operating system's cryptographically secure generator
+/// (for job keys, from which multicast groups are derived); never 0. Should the generator be
+/// unavailable, falls back to the standard library's per-process random hash keys mixed with
+/// the time and the process id (unique, not unpredictable).
 pub fn random_u64() -> u64 {
+    if let Ok(v) = getrandom::u64() {
+        return v.max(1);
+    }
     use std::hash::{BuildHasher, Hasher};
     use std::sync::atomic::{AtomicU64, Ordering};
     static CALLS: AtomicU64 = AtomicU64::new(0);

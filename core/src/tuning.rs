@@ -4,7 +4,7 @@
 //!
 //! | variable | values | default |
 //! |---|---|---|
-//! | `RANKWEAVE_BCAST` | `auto`, `binomial`, `scatter_allgather`, `chain` | `auto` |
+//! | `RANKWEAVE_BCAST` | `auto`, `binomial`, `scatter_allgather`, `chain`, `multicast`, `channels` | `auto` |
 //! | `RANKWEAVE_ALLREDUCE` | `auto`, `recursive_doubling`, `rabenseifner`, `ring` | `auto` |
 //! | `RANKWEAVE_ALLGATHER` | `auto`, `recursive_doubling`, `bruck`, `ring` | `auto` |
 //! | `RANKWEAVE_ALLTOALL` | `auto`, `bruck`, `pairwise` | `auto` |
@@ -29,6 +29,14 @@ pub enum BcastAlgorithm {
     /// Pipelined chain: segments flow rank to rank, so each link carries the message once.
     /// Best for very large messages.
     Chain,
+    /// Two-stage multicast broadcast (Hoefler, Siebert and Rehm): every fragment multicast
+    /// once, then completed reliably along a ring of point-to-point sends. Needs a multicast
+    /// group (`RANKWEAVE_MULTICAST`); every rank picks it alike, by communicator size.
+    Multicast,
+    /// LA-MPI's channel broadcast (Yu, Sur, Panda, Aulwes, Graham): multicast into a ring of
+    /// broadcast channels, returning once buffered; ACKs combined along a tree when channels
+    /// run out; NACKs force resends; fail-over to point-to-point.
+    Channels,
 }
 
 /// Allreduce algorithms.
@@ -148,6 +156,8 @@ impl CollectiveTuning {
                     ("binomial", B::Binomial),
                     ("scatter_allgather", B::ScatterAllgather),
                     ("chain", B::Chain),
+                    ("multicast", B::Multicast),
+                    ("channels", B::Channels),
                 ],
             )?;
         }

@@ -11,12 +11,17 @@
 //! * [`shm`]: processes of one host, through shared-memory rings and single-copy reads;
 //!   [`split`] combines it with a network transport for jobs that span hosts.
 //!
+//! * [`ipmcast`]: IP multicast groups (one per communicator) for the multicast broadcasts;
+//!   [`chaos_group`] injects faults into what a group receives.
+//!
 //! Verbs follow.
 
 #![warn(missing_docs)]
 
 pub mod chaos;
+pub mod chaos_group;
 pub mod inproc;
+pub mod ipmcast;
 pub mod link;
 pub mod shm;
 pub mod split;

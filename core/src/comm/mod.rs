@@ -4,14 +4,16 @@ mod group;
 mod ops;
 mod split;
 
-use std::sync::Arc;
+use std::any::Any;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 
 use crate::config::Config;
 use crate::error::Error;
 use crate::matching::Selector;
+use crate::multicast::{GroupId, MulticastGroup, MulticastSetup};
 use crate::protocol::SendStart;
 use crate::runtime::{Driver, RankLife};
 use crate::stats::Stats;
@@ -20,6 +22,10 @@ use crate::types::{ContextId, MAX_TAG, Message, Payload, Source, Status, Tag};
 
 pub(crate) use group::Group;
 pub use ops::{ProbeOp, RecvIntoOp, RecvOp, SendOp};
+
+/// The highest collective tags are never sequence numbers (see
+/// [`Communicator::next_collective`]): collective engines use them for their own packets.
+pub const RESERVED_COLLECTIVE_TAGS: u64 = 16;
 
 /// A group of ranks that exchange messages in a context of their own.
 ///
@@ -56,6 +62,12 @@ struct CommInner {
     children: AtomicU64,
     /// Collective operations started on this communicator so far, numbering their tags.
     collectives: AtomicU64,
+    /// The job's multicast fabric, if multicast is on (every communicator of the rank shares it).
+    multicast: Option<MulticastSetup>,
+    /// This communicator's multicast group, joined when it was created.
+    mcast_group: Option<Arc<dyn MulticastGroup>>,
+    /// State that layers above keep per communicator (collective engines), one value per type.
+    extensions: Mutex<Vec<Arc<dyn Any + Send + Sync>>>,
 }
 
 impl std::fmt::Debug for Communicator {
@@ -80,6 +92,18 @@ impl Communicator {
         transport: Arc<dyn Transport>,
         config: Config,
     ) -> Result<Communicator, Error> {
+        Communicator::world_with_multicast(rank, size, transport, config, None)
+    }
+
+    /// [`world`](Self::world) with a multicast fabric: this communicator and every one made
+    /// from it join a multicast group of their own (see [`crate::multicast`]).
+    pub fn world_with_multicast(
+        rank: usize,
+        size: usize,
+        transport: Arc<dyn Transport>,
+        config: Config,
+        multicast: Option<MulticastSetup>,
+    ) -> Result<Communicator, Error> {
         if rank >= size || size > u32::MAX as usize {
             return Err(Error::InvalidRank { rank, size });
         }
@@ -94,16 +118,33 @@ impl Communicator {
             ContextId::WORLD,
             rank,
             Group::World { size },
+            multicast,
         ))
     }
 
+    /// A communicator over `group` with context `context`; joins its multicast group when the
+    /// job has a fabric. A group that cannot be joined leaves the communicator without one
+    /// (broadcasts then use point-to-point algorithms), with a warning.
     fn from_parts(
         driver: Arc<Driver>,
         life: Arc<RankLife>,
         context: ContextId,
         rank: usize,
         group: Group,
+        multicast: Option<MulticastSetup>,
     ) -> Communicator {
+        let mcast_group = multicast.as_ref().and_then(|m| {
+            let id = GroupId::derive(m.job_key, context);
+            m.fabric
+                .join(id)
+                .inspect_err(|e| {
+                    tracing::warn!(
+                        ?context,
+                        "cannot join this communicator's multicast group ({e}); its broadcasts use point-to-point"
+                    );
+                })
+                .ok()
+        });
         Communicator {
             inner: Arc::new(CommInner {
                 driver,
@@ -113,6 +154,68 @@ impl Communicator {
                 group,
                 children: AtomicU64::new(0),
                 collectives: AtomicU64::new(0),
+                multicast,
+                mcast_group,
+                extensions: Mutex::new(Vec::new()),
+            }),
+        }
+    }
+
+    /// This communicator's multicast group, if the job has a multicast fabric and the group
+    /// could be joined.
+    pub fn multicast_group(&self) -> Option<&Arc<dyn MulticastGroup>> {
+        self.inner.mcast_group.as_ref()
+    }
+
+    /// The value of type `T` kept with this communicator (made by `init` on first use): how
+    /// layers above, such as collective engines, keep state per communicator. It lives as
+    /// long as this communicator (all its clones) does.
+    pub fn extension<T: Any + Send + Sync>(&self, init: impl FnOnce(&Communicator) -> T) -> Arc<T> {
+        let mut ext = self
+            .inner
+            .extensions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(found) = ext.iter().find_map(|e| Arc::clone(e).downcast::<T>().ok()) {
+            return found;
+        }
+        let made = Arc::new(init(self));
+        ext.push(Arc::clone(&made) as Arc<dyn Any + Send + Sync>);
+        made
+    }
+
+    /// The value of type `T` kept with this communicator, if one was made.
+    pub fn existing_extension<T: Any + Send + Sync>(&self) -> Option<Arc<T>> {
+        let ext = self
+            .inner
+            .extensions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        ext.iter().find_map(|e| Arc::clone(e).downcast::<T>().ok())
+    }
+
+    /// The job's multicast fabric and key, if multicast is on.
+    pub fn multicast_setup(&self) -> Option<&MulticastSetup> {
+        self.inner.multicast.as_ref()
+    }
+
+    /// Another handle on this communicator (same context, group and multicast group) that
+    /// keeps the rank alive but not this communicator's [`extension`](Self::extension)s: for
+    /// the background task of an extension, which must not keep its own owner alive. Do not
+    /// start collectives on it (it numbers them apart from this handle).
+    pub fn detached(&self) -> Communicator {
+        Communicator {
+            inner: Arc::new(CommInner {
+                driver: Arc::clone(&self.inner.driver),
+                life: Arc::clone(&self.inner.life),
+                context: self.inner.context,
+                rank: self.inner.rank,
+                group: self.inner.group.clone(),
+                children: AtomicU64::new(0),
+                collectives: AtomicU64::new(0),
+                multicast: self.inner.multicast.clone(),
+                mcast_group: self.inner.mcast_group.clone(),
+                extensions: Mutex::new(Vec::new()),
             }),
         }
     }
@@ -394,6 +497,7 @@ impl Communicator {
             context,
             self.inner.rank,
             self.inner.group.clone(),
+            self.inner.multicast.clone(),
         ))
     }
 
@@ -408,9 +512,11 @@ impl Communicator {
 
     /// Reserves the next collective sequence number of this communicator. Every rank must start
     /// collectives in the same order, so the n-th collective gets number n everywhere; its
-    /// messages use that number (truncated to 32 bits) as their tag on the collective context.
+    /// messages use that number (modulo 2³² − 16) as their tag on the collective context; the
+    /// top [`RESERVED_COLLECTIVE_TAGS`] tags stay free for collective engines.
     pub fn next_collective(&self) -> u32 {
-        self.inner.collectives.fetch_add(1, Ordering::Relaxed) as u32
+        let n = self.inner.collectives.fetch_add(1, Ordering::Relaxed);
+        (n % (u64::from(u32::MAX) - RESERVED_COLLECTIVE_TAGS + 1)) as u32
     }
 
     /// Sends on this communicator's collective context, which user receives never match. For

@@ -102,6 +102,7 @@ pub(super) async fn split(
         context,
         new_rank,
         Group::members(world),
+        comm.inner.multicast.clone(),
     )))
 }
 

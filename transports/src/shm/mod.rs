@@ -967,10 +967,14 @@ pub fn world(n: usize, config: &Config) -> Result<Vec<Communicator>, Error> {
             Ok(Arc::new(t))
         })
         .collect::<Result<Vec<_>, TransportError>>()?;
+    let job_key = rankweave_core::rng::random_u64();
     transports
         .into_iter()
         .enumerate()
-        .map(|(rank, t)| Communicator::world(rank, n, t, config.clone()))
+        .map(|(rank, t)| {
+            let multicast = crate::ipmcast::setup(config, rank as u32, job_key);
+            Communicator::world_with_multicast(rank, n, t, config.clone(), multicast)
+        })
         .collect()
 }
 

@@ -20,7 +20,7 @@
 //!   only if it comes from an address that rank published.
 
 pub mod interfaces;
-mod socket;
+pub(crate) mod socket;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -396,7 +396,8 @@ pub fn world(n: usize, config: &Config) -> Result<Vec<Communicator>, Error> {
         .enumerate()
         .map(|(rank, carrier)| {
             let transport = rank_transport(carrier, size, job_key, config);
-            Communicator::world(rank, n, transport, config.clone())
+            let multicast = crate::ipmcast::setup(config, rank as u32, job_key);
+            Communicator::world_with_multicast(rank, n, transport, config.clone(), multicast)
         })
         .collect()
 }

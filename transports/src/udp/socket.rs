@@ -126,7 +126,7 @@ impl RouteSocket {
 }
 
 /// Asks for `size`-byte kernel buffers, first past the system limits (root only), then within.
-fn set_buffers(socket: &Socket, size: usize) {
+pub(crate) fn set_buffers(socket: &Socket, size: usize) {
     let size_c = libc::c_int::try_from(size).unwrap_or(libc::c_int::MAX);
     for (force, normal) in [
         (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF),
