@@ -660,6 +660,10 @@ impl Protocol for Channels {
         synced && tree_done
     }
 
+    fn expects_packets(&self) -> bool {
+        !self.owes_nothing() || self.bcasts.values().any(|b| b.started && !b.completed)
+    }
+
     fn owner_gone(&mut self, now: Instant) {
         self.owner_gone = true;
         if self.queued.is_empty() {

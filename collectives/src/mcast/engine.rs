@@ -104,6 +104,7 @@ impl Engine {
             shared: Arc::clone(&shared),
             sleep: None,
             told_gone: false,
+            departed: None,
         };
         match tokio::runtime::Handle::try_current() {
             Ok(handle) => {
@@ -209,6 +210,9 @@ struct EngineTask {
     recvs: Vec<Option<RecvOp>>,
     sleep: Option<Pin<Box<tokio::time::Sleep>>>,
     told_gone: bool,
+    /// A peer whose receive failed while nothing was expected from anyone (it finished and
+    /// left): a failure only if the machine expects packets again.
+    departed: Option<Error>,
 }
 
 impl EngineTask {
@@ -235,10 +239,15 @@ impl EngineTask {
                 busy = true;
             }
         }
+        if let Some(e) = &self.departed {
+            if st.machine.expects_packets() {
+                return Err(e.clone());
+            }
+        }
         for (slot, &src) in self.recvs.iter_mut().zip(&shared.listens_to) {
             loop {
                 if slot.is_none() {
-                    if !st.machine.wants_packets() {
+                    if !st.machine.wants_packets() || self.departed.is_some() {
                         break;
                     }
                     *slot = Some(shared.comm.collective_recv(Source::Rank(src), PACKET_TAG));
@@ -246,11 +255,19 @@ impl EngineTask {
                 let Some(op) = slot.as_mut() else { break };
                 match Pin::new(op).poll(cx) {
                     Poll::Pending => break,
-                    Poll::Ready(result) => {
+                    Poll::Ready(Ok(message)) => {
                         *slot = None;
-                        let message = result?;
                         st.machine.handle_packet(now, src, message.data());
                         busy = true;
+                    }
+                    Poll::Ready(Err(e)) => {
+                        *slot = None;
+                        if st.machine.expects_packets() {
+                            return Err(e);
+                        }
+                        // The job is winding down: stop listening, fail if work comes back.
+                        self.departed = Some(e);
+                        break;
                     }
                 }
             }

@@ -71,6 +71,10 @@ pub(crate) trait Protocol: Send + std::fmt::Debug + 'static {
     /// (nothing left to forward, resend or acknowledge): the engine may stop once the
     /// communicator is gone.
     fn owes_nothing(&self) -> bool;
+    /// Whether the machine still waits for point-to-point packets (a broadcast not finished
+    /// here, a synchronisation under way): a peer that leaves then is a failure; one that
+    /// leaves after everything is done is not.
+    fn expects_packets(&self) -> bool;
     /// The communicator was dropped on this rank: no more broadcasts will start here.
     fn owner_gone(&mut self, now: Instant);
     fn stats(&self) -> BcastStats;

@@ -186,6 +186,9 @@ impl Protocol for Tree {
     fn owes_nothing(&self) -> bool {
         true
     }
+    fn expects_packets(&self) -> bool {
+        false
+    }
     fn owner_gone(&mut self, _: Instant) {}
     fn stats(&self) -> BcastStats {
         BcastStats::default()

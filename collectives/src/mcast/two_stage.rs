@@ -320,6 +320,10 @@ impl Protocol for TwoStage {
         self.bcasts.values().all(|b| !b.started)
     }
 
+    fn expects_packets(&self) -> bool {
+        !self.bcasts.is_empty()
+    }
+
     fn owner_gone(&mut self, _now: Instant) {}
 
     fn stats(&self) -> BcastStats {
