@@ -1,7 +1,7 @@
 //! In-process point-to-point against a tokio `mpsc` baseline, interleaved in one run.
 //!
 //! `cargo bench --bench inproc_vs_tokio` (add `-- --rounds 5` for more repetitions, `--quick` for
-//! a smoke run). Every measurement gets a fresh 2-worker tokio runtime. The configurations run
+//! a smoke run, `--rate-only` to skip the latency measurements, say under a profiler). Every measurement gets a fresh 2-worker tokio runtime. The configurations run
 //! in turn (A B C A B C …) so the VM's drifting vCPU placement hits all of them alike; the
 //! report gives medians over the rounds and ratios against the tokio channel.
 //!
@@ -166,6 +166,7 @@ fn tokio_unbounded_rate(messages: usize) -> f64 {
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "--quick");
+    let rate_only = args.iter().any(|a| a == "--rate-only");
     let rounds = args
         .iter()
         .position(|a| a == "--rounds")
@@ -185,7 +186,7 @@ fn main() {
         "# {:<22} {:>10} {:>12} {:>12} {:>10}",
         "measure", "size", "median", "min..max", "ratio"
     );
-    for &size in &SIZES {
+    for &size in SIZES.iter().filter(|_| !rate_only) {
         let iters = if size >= 1 << 20 {
             plan.latency_iters / 10
         } else {
