@@ -15,11 +15,21 @@
 //!
 //! All lists are intrusive lists in a slab (module `list`): no tombstones, and empty lists are
 //! dropped, so memory stays proportional to what is queued.
+//!
+//! Indexing an unexpected message four ways is the dearest step of matching, and a stream (a
+//! receiver that falls behind its sender, then posts one receive per message in order) never
+//! needs it: each receive takes the oldest message. So an unexpected message is first appended
+//! to a plain FIFO of *fresh* messages, all younger than every indexed one, and indexed only
+//! when a receive or probe walks past it without taking it. A receive looks at the indexes
+//! first (older messages), then at the fresh FIFO from its front, indexing each message that
+//! does not match until one does. A stream's receive takes the FIFO's front and never indexes
+//! anything; any other pattern indexes each message at most once, as before.
 
 mod list;
 #[cfg(test)]
 mod tests;
 
+use std::collections::VecDeque;
 use std::fmt;
 
 use crate::types::ContextId;
@@ -178,6 +188,9 @@ pub struct Matcher<R, M> {
     posted: SlabLists<Selector, Posted<R>, 1>,
     /// Each message is in four lists: lane `i` keyed by `key.selectors()[i]`, in arrival order.
     unexpected: SlabLists<Selector, Unexpected<M>, LANES>,
+    /// Unexpected messages not indexed yet, in arrival order; every one arrived after every
+    /// message in `unexpected`. No queued receive matches any of them.
+    fresh: VecDeque<Unexpected<M>>,
     /// Queued receives per selector shape, so an arrival only looks up shapes in use (usually
     /// just exact receives: one lookup instead of four).
     posted_shapes: [usize; LANES],
@@ -206,6 +219,7 @@ impl<R, M> Matcher<R, M> {
         Matcher {
             posted: SlabLists::new(),
             unexpected: SlabLists::new(),
+            fresh: VecDeque::new(),
             posted_shapes: [0; LANES],
             next_post: 0,
             next_arrival: 0,
@@ -223,6 +237,11 @@ impl<R, M> Matcher<R, M> {
             let unexpected = self.unexpected.remove(slot);
             return PostOutcome::Matched { recv, unexpected };
         }
+        if self.fresh_front_matching(&sel) {
+            if let Some(unexpected) = self.fresh.pop_front() {
+                return PostOutcome::Matched { recv, unexpected };
+            }
+        }
         let seq = self.next_post;
         self.next_post += 1;
         let slot = self.posted.push_back([sel], Posted { seq, sel, recv });
@@ -239,9 +258,53 @@ impl<R, M> Matcher<R, M> {
         match self.take_earliest_posted(&key) {
             Some(recv) => ArriveOutcome::Matched { recv, unexpected },
             None => {
-                self.unexpected.push_back(key.selectors(), unexpected);
+                self.fresh.push_back(unexpected);
                 ArriveOutcome::Queued
             }
+        }
+    }
+
+    /// Takes the earliest-arrived unexpected message `sel` matches if `take` accepts it (the
+    /// matcher's state is as after [`post`](Self::post) took it); otherwise leaves everything
+    /// queued and returns `None`.
+    ///
+    /// This is `post` without queueing a receive: a caller that can complete at once with the
+    /// message it finds skips creating one.
+    pub fn take_if(
+        &mut self,
+        sel: &Selector,
+        take: impl FnOnce(&Unexpected<M>) -> bool,
+    ) -> Option<Unexpected<M>> {
+        if let Some(slot) = match self.unexpected.len() {
+            0 => None,
+            _ => self.unexpected.front(sel.lane(), sel),
+        } {
+            return take(self.unexpected.get(slot)?).then(|| self.unexpected.remove(slot));
+        }
+        if self.fresh_front_matching(sel) && take(self.fresh.front()?) {
+            return self.fresh.pop_front();
+        }
+        None
+    }
+
+    /// Indexes fresh messages from the front of the FIFO until its front matches `sel`;
+    /// returns whether it does (`false`: the FIFO is empty now).
+    fn fresh_front_matching(&mut self, sel: &Selector) -> bool {
+        while let Some(u) = self.fresh.front() {
+            if sel.matches(&u.key) {
+                return true;
+            }
+            if let Some(u) = self.fresh.pop_front() {
+                self.unexpected.push_back(u.key.selectors(), u);
+            }
+        }
+        false
+    }
+
+    /// Indexes every fresh message.
+    fn index_fresh(&mut self) {
+        while let Some(u) = self.fresh.pop_front() {
+            self.unexpected.push_back(u.key.selectors(), u);
         }
     }
 
@@ -263,6 +326,8 @@ impl<R, M> Matcher<R, M> {
                 unexpected: u,
             },
             None => {
+                // Rare: index everything, then find the message's place among all of them.
+                self.index_fresh();
                 self.unexpected
                     .insert_ordered(u.key.selectors(), u, |queued| queued.seq);
                 ArriveOutcome::Queued
@@ -279,9 +344,18 @@ impl<R, M> Matcher<R, M> {
     }
 
     /// The earliest-arrived unexpected message `sel` matches, left in the queue.
-    pub fn probe(&self, sel: &Selector) -> Option<&Unexpected<M>> {
-        let slot = self.unexpected.front(sel.lane(), sel)?;
-        self.unexpected.get(slot)
+    ///
+    /// Takes `&mut self` because it indexes the fresh messages it walks past (see the module
+    /// docs); what is queued, and in which order, does not change.
+    pub fn probe(&mut self, sel: &Selector) -> Option<&Unexpected<M>> {
+        if let Some(slot) = self.unexpected.front(sel.lane(), sel) {
+            return self.unexpected.get(slot);
+        }
+        if self.fresh_front_matching(sel) {
+            self.fresh.front()
+        } else {
+            None
+        }
     }
 
     /// Withdraws, in posting order, every queued receive whose selector names exactly `source`
@@ -305,7 +379,7 @@ impl<R, M> Matcher<R, M> {
 
     /// Number of queued unexpected messages.
     pub fn unexpected_len(&self) -> usize {
-        self.unexpected.len()
+        self.unexpected.len() + self.fresh.len()
     }
 
     /// Number of queued receives.
@@ -379,8 +453,19 @@ impl<R, M> Matcher<R, M> {
                 );
             }
         }
+        let fresh: Vec<u64> = self.fresh.iter().map(|u| u.seq).collect();
+        assert!(fresh.is_sorted(), "fresh messages out of order");
+        if let (Some(first), Some(indexed)) = (
+            fresh.first(),
+            self.unexpected.iter().map(|(_, u)| u.seq).max(),
+        ) {
+            assert!(
+                indexed < *first,
+                "a fresh message is older than an indexed one"
+            );
+        }
         for (_, posted) in self.posted.iter() {
-            for (_, u) in self.unexpected.iter() {
+            for u in self.unexpected.iter().map(|(_, u)| u).chain(&self.fresh) {
                 assert!(
                     !posted.sel.matches(&u.key),
                     "queued receive matches queued message"

@@ -287,6 +287,34 @@ fn probe_does_not_remove() {
 }
 
 #[test]
+fn a_stream_is_matched_without_indexing() {
+    let mut m = M::new();
+    for msg in ["A", "B", "C"] {
+        assert_eq!(delivered(m.arrive(key(C0, 1, 1), msg)), None);
+    }
+    assert_eq!(m.unexpected_len(), 3);
+    assert_eq!(m.index_lists(), (0, 0), "arrivals wait unindexed");
+    assert_eq!(post_matched(m.post(exact(1, 1), 0)), (0, "A"));
+    assert_eq!(m.probe(&exact(1, 1)).unwrap().msg, "B");
+    let u = m.take_if(&exact(1, 1), |u| u.msg == "B").unwrap();
+    assert_eq!(u.msg, "B");
+    assert!(
+        m.take_if(&exact(1, 1), |_| false).is_none(),
+        "refused: stays"
+    );
+    assert_eq!(m.index_lists(), (0, 0), "a stream indexes nothing");
+    // A receive for another tag walks past "C" and indexes it; "C" keeps its place.
+    queued(m.post(exact(1, 2), 1));
+    assert_eq!(m.index_lists().1, 4, "one list per selector shape");
+    assert_eq!(delivered(m.arrive(key(C0, 1, 1), "D")), None);
+    assert_eq!(post_matched(m.post(sel(C0, None, None), 2)), (2, "C"));
+    assert_eq!(post_matched(m.post(sel(C0, Some(1), None), 3)), (3, "D"));
+    assert_eq!(delivered(m.arrive(key(C0, 1, 2), "E")), Some((1, "E")));
+    m.check_invariants();
+    assert_empty(&m);
+}
+
+#[test]
 fn ten_thousand_outstanding_exact_receives() {
     const N: u32 = 10_000;
     let mut m: Matcher<u32, u32> = Matcher::new();
@@ -446,6 +474,11 @@ impl Model {
         self.unexpected.iter().find(|u| s.matches(&u.key))
     }
 
+    fn take_if(&mut self, s: &Selector, accept: bool) -> Option<Unexpected<u32>> {
+        let i = self.unexpected.iter().position(|u| s.matches(&u.key))?;
+        accept.then(|| self.unexpected.remove(i))
+    }
+
     fn take_posted_from(&mut self, source: u32) -> Vec<u32> {
         let (taken, kept) = self
             .posted
@@ -465,6 +498,8 @@ enum Op {
     /// Requeue the n-th (modulo) message currently held by a matched receive.
     Requeue(usize),
     Probe(Selector),
+    /// Take the earliest matching message only if its payload is even.
+    TakeIfEven(Selector),
     TakePostedFrom(u32),
 }
 
@@ -484,6 +519,7 @@ fn any_op() -> impl Strategy<Value = Op> {
         2 => any::<usize>().prop_map(Op::Cancel),
         2 => any::<usize>().prop_map(Op::Requeue),
         1 => any_selector().prop_map(Op::Probe),
+        2 => any_selector().prop_map(Op::TakeIfEven),
         1 => (0..3u32).prop_map(Op::TakePostedFrom),
     ]
 }
@@ -537,6 +573,12 @@ proptest! {
                     }
                 }
                 Op::Probe(s) => prop_assert_eq!(m.probe(&s), model.probe(&s)),
+                Op::TakeIfEven(s) => {
+                    let accept = model.probe(&s).is_some_and(|u| u.msg % 2 == 0);
+                    let got = m.take_if(&s, |u| u.msg % 2 == 0);
+                    prop_assert_eq!(&got, &model.take_if(&s, accept));
+                    held.extend(got);
+                }
                 Op::TakePostedFrom(src) => {
                     prop_assert_eq!(m.take_posted_from(src), model.take_posted_from(src));
                 }

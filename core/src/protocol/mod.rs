@@ -434,6 +434,29 @@ impl Endpoint {
     /// Posts a receive like [`post_recv`](Self::post_recv), and if a message is already there,
     /// takes it at once: no operation is left behind to poll.
     pub fn start_recv(&mut self, sel: Selector, max_len: Option<usize>) -> RecvStart {
+        // The common case of a receiver that is behind: the earliest matching message is here
+        // with all its data and fits. Take it without creating an operation (what `post_recv`
+        // and `take_matched` would do, minus the bookkeeping of a receive that ends at once).
+        let fits = |u: &Unexpected<Incoming>| matches!(&u.msg, Incoming::Data { data, .. } if max_len.is_none_or(|c| data.len() <= c));
+        if let Some(u) = self.matcher.take_if(&sel, fits) {
+            if let Incoming::Data { data, cost } = u.msg {
+                self.unexpected_bytes -= data.len();
+                self.give_credit(u.key.source, cost);
+                self.run_loopback();
+                let received = Received {
+                    source: u.key.source,
+                    tag: u.key.tag,
+                    data,
+                };
+                return RecvStart::Matched(Matched {
+                    received,
+                    seq: u.seq,
+                    key: u.key,
+                });
+            }
+            // `fits` only accepts data messages; put anything else back where it was.
+            self.requeue(u);
+        }
         let id = self.post_recv(sel, max_len);
         match self.take_matched(id) {
             Some(Ok(m)) => RecvStart::Matched(m),
@@ -551,7 +574,10 @@ impl Endpoint {
     }
 
     /// The first unexpected message matching `sel`: (world source, tag, length).
-    pub fn probe(&self, sel: &Selector) -> Option<(u32, u32, usize)> {
+    ///
+    /// `&mut self` only because the matcher may index messages while it looks
+    /// ([`Matcher::probe`]); nothing is taken.
+    pub fn probe(&mut self, sel: &Selector) -> Option<(u32, u32, usize)> {
         self.matcher
             .probe(sel)
             .map(|u| (u.key.source, u.key.tag, u.msg.len()))
