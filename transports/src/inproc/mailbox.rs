@@ -15,20 +15,27 @@
 //!
 //! # Why no wake-up is lost
 //!
-//! Three Dekker-style handshakes, each "write my flag; `fence(SeqCst)`; read the other's flag":
+//! Three handshakes, each between a pusher and someone who writes a flag and then looks for
+//! items; both sides go through the queue's mutex, so the push costs no fence:
 //!
-//! | side        | writes                           | then reads                 |
-//! |-------------|----------------------------------|----------------------------|
-//! | pusher      | `len` (item queued)              | `busy`, then `registered`  |
-//! | last poller | `busy` (decrement to 0)          | `len`                      |
-//! | parker      | `registered` (waker stored)      | `len`                      |
+//! | side        | does                                                     |
+//! |-------------|----------------------------------------------------------|
+//! | pusher      | locks, queues the item, unlocks; then reads `registered` and `busy` |
+//! | last poller | writes `busy` (decrement to 0); then looks at the queue under the lock |
+//! | parker      | writes `registered` (waker stored); then looks at the queue under the lock |
+//! | closer      | sets `closed` under the lock; then reads `registered` (the parker reads `closed` after its look) |
 //!
-//! Two `SeqCst` fences are totally ordered, so for each pair at least one side reads the other's
-//! write: either the pusher sees `busy == 0` and a registered waker and wakes it, or the stopping
-//! poller / the parker sees the item. The flags themselves are accessed `Relaxed`: the fences
-//! give the ordering, and the queued data is protected by the queue's mutex. (We use fences
-//! rather than `SeqCst` loads and stores because loom models `SeqCst` fences exactly but treats
-//! `SeqCst` accesses as `AcqRel`; on x86 the cost is the same single full barrier per push.)
+//! The two critical sections are ordered by the mutex. If the pusher's comes first, the
+//! poller's / parker's look under the lock sees the item. If the other's comes first, its flag
+//! write happens before its unlock, hence before the pusher's lock and the pusher's reads after
+//! it: the pusher sees `busy == 0` and a registered waker and wakes it. The flags themselves are
+//! accessed `Relaxed`; all the ordering comes from the lock. (Before, each side issued a
+//! `fence(SeqCst)` between its write and its read; the pusher's fence, on every frame, was the
+//! dearest instruction of the in-process send path. The owner's looks under the lock happen once
+//! per park or per busy-poll burst.)
+//!
+//! The pusher reads `registered` first: while nobody is parked (a busy rank) it does not touch
+//! `busy`'s cache line at all.
 //!
 //! A pusher that wakes *takes* the waker out of the slot, so each registration costs at most
 //! one wake-up; the owner re-registers the next time it parks.
@@ -40,7 +47,7 @@ use std::fmt;
 use std::mem;
 use std::task::{Context, Poll, Waker};
 
-use crate::sync::atomic::{AtomicBool, AtomicUsize, Ordering, fence};
+use crate::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use crate::sync::{Mutex, MutexGuard};
 
 /// A multi-producer, single-consumer batch queue with a busy-poll-aware doorbell.
@@ -56,15 +63,16 @@ pub struct Mailbox<T> {
     /// Queued items, oldest first.
     queue: Mutex<Vec<T>>,
     /// Number of queued items. Written only while `queue` is locked (so it always equals the
-    /// queue's length when the lock is free); read without the lock as an emptiness hint and as
-    /// the pusher's side of the Dekker handshakes.
+    /// queue's length when the lock is free); read without the lock as an emptiness hint (the
+    /// handshakes in the module docs look at the queue itself, under the lock).
     len: AtomicUsize,
     /// Set once by [`close`](Self::close), while `queue` is locked, so a push that holds the
     /// lock sees a consistent value.
     closed: AtomicBool,
     /// Number of busy pollers currently spinning on this mailbox. The owner writes it on every
-    /// busy poll while pushers read it on every push: on a line of its own, so the owner's
-    /// writes do not also steal the line the pushers lock and append through.
+    /// busy poll while pushers read it on pushes that find a waker registered: on a line of its
+    /// own, so the owner's writes do not also steal the line the pushers lock and append
+    /// through.
     busy: Padded<AtomicUsize>,
     /// The owner's parked waker, if any.
     waker: WakerSlot,
@@ -86,8 +94,8 @@ impl<T> Mailbox<T> {
     /// Enqueues `item` at the back of the queue.
     ///
     /// Returns `Err(item)` if the mailbox is closed. Otherwise, unless a busy poller is active,
-    /// wakes the registered waker (if any). With a busy poller active this costs one lock, one
-    /// vector push, one fence and one atomic load: no syscall.
+    /// wakes the registered waker (if any). Without a wake-up this costs one lock, one vector
+    /// push and one or two atomic loads: no fence, no syscall.
     ///
     /// # Errors
     ///
@@ -101,10 +109,9 @@ impl<T> Mailbox<T> {
             queue.push(item);
             self.len.store(queue.len(), Ordering::Relaxed);
         }
-        // Dekker (see module docs): our `len` store must be ordered before the `busy` and
-        // `registered` loads below against the stopping poller's / parker's store-fence-load.
-        fence(Ordering::SeqCst);
-        if self.busy.load(Ordering::Relaxed) == 0 {
+        // Handshake (see module docs): these loads come after our critical section, so they see
+        // the flag of any parker or stopping poller whose look under the lock missed the item.
+        if self.waker.registered.load(Ordering::Relaxed) && self.busy.load(Ordering::Relaxed) == 0 {
             self.waker.wake();
         }
         Ok(())
@@ -159,14 +166,20 @@ impl<T> Mailbox<T> {
             return Poll::Ready(());
         }
         self.waker.register(cx.waker());
-        // Dekker (see module docs): the `registered` store must be ordered before the `len` load
-        // (and a caller's subsequent `closed` load) against the pusher's / closer's store-fence-load.
-        fence(Ordering::SeqCst);
-        if self.len.load(Ordering::Relaxed) != 0 {
+        // Handshake (see module docs): look under the lock after registering, so a pusher or
+        // closer either ran its critical section first (we see its item here, or its `closed`
+        // in the caller's later `is_closed`) or sees our registration.
+        if self.has_items_locked() {
             Poll::Ready(())
         } else {
             Poll::Pending
         }
+    }
+
+    /// Whether items are queued, looked at under the queue's lock (the owner's side of the
+    /// handshakes in the module docs).
+    fn has_items_locked(&self) -> bool {
+        !lock(&self.queue).is_empty()
     }
 
     /// Marks the start of a busy poll: until the matching [`end_busy_poll`](Self::end_busy_poll),
@@ -190,10 +203,10 @@ impl<T> Mailbox<T> {
             // stops (pushes that saw a non-zero count are covered by the last one's check).
             return;
         }
-        // Dekker (see module docs): our `busy` decrement must be ordered before the `len` load
-        // against the pusher's store-fence-load.
-        fence(Ordering::SeqCst);
-        if self.len.load(Ordering::Relaxed) != 0 {
+        // Handshake (see module docs): after the decrement, look under the lock, unless the
+        // hint already shows items (if another of the owner's threads has just drained them,
+        // that costs one spurious wake-up).
+        if self.len.load(Ordering::Relaxed) != 0 || self.has_items_locked() {
             self.waker.wake();
         }
     }
@@ -205,8 +218,8 @@ impl<T> Mailbox<T> {
             let _queue = lock(&self.queue);
             self.closed.store(true, Ordering::Relaxed);
         }
-        // Dekker with a parker that checks `is_closed` after `poll_nonempty` returned Pending.
-        fence(Ordering::SeqCst);
+        // Handshake with a parker that checks `is_closed` after `poll_nonempty` returned
+        // Pending (see module docs): reading `registered` after our critical section.
         self.waker.wake();
     }
 
@@ -263,8 +276,8 @@ impl WakerSlot {
         }
     }
 
-    /// Stores a clone of `waker`, replacing the previous one. The caller must issue
-    /// `fence(SeqCst)` before checking its wake-up condition.
+    /// Stores a clone of `waker`, replacing the previous one. The caller must then check its
+    /// wake-up condition under the queue's lock.
     fn register(&self, waker: &Waker) {
         let old = {
             let mut slot = lock(&self.waker);
@@ -279,8 +292,8 @@ impl WakerSlot {
         drop(old);
     }
 
-    /// Takes the registered waker, if any, and wakes it. The caller must have issued
-    /// `fence(SeqCst)` after publishing the condition the waker waits for.
+    /// Takes the registered waker, if any, and wakes it. The caller must have published the
+    /// condition the waker waits for in a critical section of the queue's lock.
     fn wake(&self) {
         if !self.registered.load(Ordering::Relaxed) {
             return;
