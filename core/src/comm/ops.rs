@@ -23,7 +23,12 @@ pub struct SendOp {
 
 #[derive(Debug)]
 enum SendState {
-    Done(Option<Result<(), Error>>),
+    /// Handed off at once (an eager send): resolves to `Ok(())`. A variant of its own, so the
+    /// streaming path builds and polls a bare tag instead of moving an `Option<Result<(), Error>>`
+    /// around.
+    Complete,
+    /// Failed when it was started; the first poll takes the error (later polls give `Ok(())`).
+    Failed(Option<Error>),
     Pending {
         comm: Communicator,
         id: SendId,
@@ -34,9 +39,11 @@ enum SendState {
 
 impl SendOp {
     pub(crate) fn done(result: Result<(), Error>) -> SendOp {
-        SendOp {
-            state: SendState::Done(Some(result)),
-        }
+        let state = match result {
+            Ok(()) => SendState::Complete,
+            Err(e) => SendState::Failed(Some(e)),
+        };
+        SendOp { state }
     }
 
     pub(crate) fn pending(comm: Communicator, id: SendId) -> SendOp {
@@ -56,7 +63,8 @@ impl Future for SendOp {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match &mut self.get_mut().state {
-            SendState::Done(r) => Poll::Ready(r.take().unwrap_or(Ok(()))),
+            SendState::Complete => Poll::Ready(Ok(())),
+            SendState::Failed(e) => Poll::Ready(e.take().map_or(Ok(()), Err)),
             SendState::Pending {
                 comm,
                 id,
