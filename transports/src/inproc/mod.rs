@@ -79,12 +79,17 @@ impl Transport for InprocTransport {
             .mailboxes
             .get(to as usize)
             .ok_or(TransportError::PeerUnreachable(to as usize))?;
-        mailbox
-            .push(Arrival::Frame {
-                from: self.rank,
-                frame,
-            })
-            .map_err(|_| TransportError::PeerUnreachable(to as usize))
+        // A closed mailbox means `to` is going away: its `close` pushes `PeerLost` into our
+        // mailbox right after closing its own, behind every frame it sent us. The frame is
+        // dropped, as a network drops datagrams to a host that is gone, and the loss is learnt
+        // from that notice, in order. Reporting an error here instead made the driver declare
+        // the peer lost at once, while frames it had sent before exiting still waited in our
+        // mailbox: receives that those frames would have matched failed with `PeerFailed`.
+        let _ = mailbox.push(Arrival::Frame {
+            from: self.rank,
+            frame,
+        });
+        Ok(())
     }
 
     fn drain(&self, out: &mut Vec<Arrival>) -> Result<usize, TransportError> {
@@ -136,4 +141,82 @@ pub fn world(n: usize, config: &Config) -> Result<Vec<Communicator>, Error> {
             Communicator::world(rank, n, Arc::new(transport), config.clone())
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use rankweave_core::ContextId;
+    use rankweave_core::frame::{Envelope, Header};
+
+    use super::*;
+
+    fn eager(seq: u64) -> Frame {
+        Frame {
+            header: Header::Eager(Envelope {
+                context: ContextId(0),
+                tag: 0,
+                seq,
+                len: 1,
+            }),
+            payload: Bytes::from(vec![seq as u8]),
+        }
+    }
+
+    /// A send to a rank that has closed is dropped without an error; the closed rank's frames
+    /// and then its `PeerLost` notice still arrive, in that order.
+    #[test]
+    fn a_send_to_a_closed_rank_is_dropped_and_its_loss_arrives_in_order() {
+        let fabric = InprocFabric::new(2);
+        let (a, b) = (fabric.endpoint(0).unwrap(), fabric.endpoint(1).unwrap());
+        for seq in 0..3 {
+            a.send(1, eager(seq)).unwrap();
+        }
+        a.close();
+        assert_eq!(b.send(0, eager(0)), Ok(()), "dropped, not an error");
+        assert_eq!(b.send(2, eager(0)), Err(TransportError::PeerUnreachable(2)));
+        let mut got = Vec::new();
+        assert_eq!(b.drain(&mut got).unwrap(), 4);
+        let seqs: Vec<_> = got
+            .iter()
+            .filter_map(|arrival| match arrival {
+                Arrival::Frame { from: 0, frame } => Some(frame.payload[0]),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(seqs, [0, 1, 2]);
+        assert!(matches!(got[3], Arrival::PeerLost { rank: 0 }));
+        let mut own = Vec::new();
+        assert_eq!(
+            a.drain(&mut own).unwrap(),
+            0,
+            "nothing reached the closed rank"
+        );
+    }
+
+    /// End to end: a rank that exits right after sending does not look lost to a peer that
+    /// has not yet taken in what it sent, even when that peer sends to it meanwhile.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn frames_sent_before_exit_are_received_after_sending_to_the_exited_rank() {
+        for _ in 0..20 {
+            let mut comms = world(2, &Config::default()).unwrap();
+            let receiver = comms.pop().unwrap();
+            let sender = comms.pop().unwrap();
+            for i in 0..10u8 {
+                sender.send(1, 0, vec![i]).await.unwrap();
+            }
+            sender.shutdown().await;
+            // May find the exited rank's mailbox closed before the loss is taken in; either
+            // way it must not hide the messages that came before the loss.
+            let _ = receiver.send(0, 1, vec![0xff]).await;
+            for i in 0..10u8 {
+                let m = receiver.recv(0, 0).await.unwrap();
+                assert_eq!(m.data(), &[i][..]);
+            }
+            assert!(matches!(
+                receiver.recv(0, 0).await,
+                Err(Error::PeerFailed { rank: 0 })
+            ));
+        }
+    }
 }
