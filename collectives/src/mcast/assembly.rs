@@ -30,6 +30,16 @@ impl Assembly {
         }
     }
 
+    /// The root's assembly: all of `data`, cut into fragments of `size` bytes.
+    pub fn whole(bid: u64, root: u32, data: &Bytes, size: usize) -> Assembly {
+        let frags = Fragment::split(bid, root, data, size);
+        let mut asm = Assembly::shaped_like(&frags[0]);
+        for f in frags {
+            asm.insert(f);
+        }
+        asm
+    }
+
     /// Whether `f` belongs to a broadcast of this shape (a fragment that disagrees is forged
     /// or from a confused peer).
     pub fn fits(&self, f: &Fragment) -> bool {

@@ -175,11 +175,10 @@ impl Channels {
         }
         if root == me {
             let data = data.unwrap_or_default();
-            let frags = Fragment::split(bid, root as u32, &data, self.settings.fragment);
-            let mut asm = Assembly::shaped_like(&frags[0]);
-            for f in &frags {
-                asm.insert(f.clone());
-            }
+            let asm = Assembly::whole(bid, root as u32, &data, self.settings.fragment);
+            let frags: Vec<Fragment> = (0..asm.count)
+                .filter_map(|s| asm.fragment(bid, s))
+                .collect();
             b.asm = Some(asm);
             if tree {
                 b.forward_to = BinomialTree::of(self.size, me, root)

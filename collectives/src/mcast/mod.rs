@@ -152,6 +152,25 @@ pub struct BcastStats {
 }
 
 impl BcastStats {
+    /// Adds `other`'s protocol counters (not the group's) to these.
+    pub fn add(&mut self, other: &BcastStats) {
+        self.multicast_sent += other.multicast_sent;
+        self.multicast_received += other.multicast_received;
+        self.ring_sent += other.ring_sent;
+        self.ring_repaired += other.ring_repaired;
+        self.redundant += other.redundant;
+        self.early_dropped += other.early_dropped;
+        self.crc_failures += other.crc_failures;
+        self.foreign += other.foreign;
+        self.unknown += other.unknown;
+        self.malformed += other.malformed;
+        self.nacks_sent += other.nacks_sent;
+        self.nacks_received += other.nacks_received;
+        self.syncs += other.syncs;
+        self.sync_repairs += other.sync_repairs;
+        self.failovers += other.failovers;
+    }
+
     fn count_reject(&mut self, reason: Reject) {
         match reason {
             Reject::Unknown => self.unknown += 1,

@@ -387,8 +387,7 @@ pub fn simulate(algorithm: SimAlgorithm, config: &SimConfig) -> SimReport {
         }
     }
     for m in &machines {
-        let s = m.stats();
-        add_stats(&mut stats, &s);
+        stats.add(&m.stats());
     }
     SimReport {
         done,
@@ -396,22 +395,4 @@ pub fn simulate(algorithm: SimAlgorithm, config: &SimConfig) -> SimReport {
         stats,
         settled: machines.iter().all(|m| m.owes_nothing()),
     }
-}
-
-fn add_stats(total: &mut BcastStats, s: &BcastStats) {
-    total.multicast_sent += s.multicast_sent;
-    total.multicast_received += s.multicast_received;
-    total.ring_sent += s.ring_sent;
-    total.ring_repaired += s.ring_repaired;
-    total.redundant += s.redundant;
-    total.early_dropped += s.early_dropped;
-    total.crc_failures += s.crc_failures;
-    total.foreign += s.foreign;
-    total.unknown += s.unknown;
-    total.malformed += s.malformed;
-    total.nacks_sent += s.nacks_sent;
-    total.nacks_received += s.nacks_received;
-    total.syncs += s.syncs;
-    total.sync_repairs += s.sync_repairs;
-    total.failovers += s.failovers;
 }

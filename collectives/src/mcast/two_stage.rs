@@ -251,11 +251,7 @@ impl Protocol for TwoStage {
         }
         if root == me {
             let data = data.unwrap_or_default();
-            let frags = Fragment::split(bid, root as u32, &data, self.settings.fragment);
-            let mut asm = Assembly::shaped_like(&frags[0]);
-            for f in frags {
-                asm.insert(f);
-            }
+            let asm = Assembly::whole(bid, root as u32, &data, self.settings.fragment);
             let count = asm.count;
             b.asm = Some(asm);
             b.multicast_pending = self.size > 1;
