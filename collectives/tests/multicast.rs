@@ -53,7 +53,6 @@ async fn run(config: Config, n: usize, rounds: usize) -> Vec<rankweave_collectiv
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "known failure being fixed: a rank that finishes early makes a peer's engine report PeerFailed"]
 async fn two_stage_over_ip_multicast_at_any_loss() {
     for (loss, n) in [
         (None, 4),
@@ -71,7 +70,6 @@ async fn two_stage_over_ip_multicast_at_any_loss() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "flaky (about 1 run in 15): same early-exit PeerFailed as the two-stage test, likely the shm transport refusing frames to a rank that is leaving"]
 async fn channels_over_ip_multicast_at_any_loss() {
     for (loss, n) in [
         (None, 4),

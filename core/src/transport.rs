@@ -55,6 +55,12 @@ pub trait Transport: Send + Sync + 'static {
     fn capabilities(&self) -> Capabilities;
 
     /// Hands a frame to the transport for delivery to world rank `to`.
+    ///
+    /// A frame to a peer known to be leaving or gone is dropped with `Ok`, as a network drops
+    /// datagrams to a host that is down: its loss is learnt from [`Arrival::PeerLost`], which
+    /// comes after every frame it sent. An error here makes the engine declare the peer lost at
+    /// once, while frames it sent may still wait to be drained. `PeerUnreachable` is for ranks
+    /// that never were reachable (out of range, no route, connection refused).
     fn send(&self, to: u32, frame: Frame) -> Result<(), TransportError>;
 
     /// Moves everything that has arrived into `out`; returns how many were added.

@@ -659,8 +659,38 @@ impl Protocol for Channels {
         synced && tree_done
     }
 
-    fn expects_packets(&self) -> bool {
-        !self.owes_nothing() || self.bcasts.values().any(|b| b.started && !b.completed)
+    fn expects_from(&self, rank: usize) -> bool {
+        let me = self.rank;
+        let tree_parent =
+            |root: usize| BinomialTree::of(self.size, me, root).parent() == Some(rank);
+        if let Some(s) = &self.sync {
+            let waits_for_reports = !s.sent_up && s.children.contains(&rank);
+            let waits_for_down = s.sent_up && !s.down && tree_parent(0);
+            let waits_for_repairs = s.expect.keys().any(|bid| {
+                self.bcasts
+                    .get(bid)
+                    .and_then(|b| b.root)
+                    .is_some_and(&tree_parent)
+            });
+            if waits_for_reports || waits_for_down || waits_for_repairs {
+                return true;
+            }
+        }
+        // An unfinished broadcast needs its root for NACK answers until this rank has reported
+        // it in a synchronisation (the root leaves only after one, whose repairs then come down
+        // the tree); down the point-to-point tree it needs its tree parent.
+        let reported = |bid: u64| self.sync.as_ref().is_some_and(|s| s.sent_up && bid < s.end);
+        self.bcasts.iter().any(|(&bid, b)| {
+            b.started
+                && !b.completed
+                && b.root.is_some_and(|root| {
+                    if self.is_tree_bcast(bid) {
+                        tree_parent(root)
+                    } else {
+                        root == rank && !reported(bid)
+                    }
+                })
+        })
     }
 
     fn owner_gone(&mut self, now: Instant) {

@@ -104,7 +104,7 @@ impl Engine {
             shared: Arc::clone(&shared),
             sleep: None,
             told_gone: false,
-            departed: None,
+            departed: HashMap::new(),
         };
         match tokio::runtime::Handle::try_current() {
             Ok(handle) => {
@@ -210,9 +210,9 @@ struct EngineTask {
     recvs: Vec<Option<RecvOp>>,
     sleep: Option<Pin<Box<tokio::time::Sleep>>>,
     told_gone: bool,
-    /// A peer whose receive failed while nothing was expected from anyone (it finished and
-    /// left): a failure only if the machine expects packets again.
-    departed: Option<Error>,
+    /// Peers whose receive failed while nothing was expected from them (they finished and
+    /// left): a failure only if the machine comes to expect something from one.
+    departed: HashMap<usize, Error>,
 }
 
 impl EngineTask {
@@ -239,15 +239,15 @@ impl EngineTask {
                 busy = true;
             }
         }
-        if let Some(e) = &self.departed {
-            if st.machine.expects_packets() {
+        for (src, e) in &self.departed {
+            if st.machine.expects_from(*src) {
                 return Err(e.clone());
             }
         }
         for (slot, &src) in self.recvs.iter_mut().zip(&shared.listens_to) {
             loop {
                 if slot.is_none() {
-                    if !st.machine.wants_packets() || self.departed.is_some() {
+                    if !st.machine.wants_packets() || self.departed.contains_key(&src) {
                         break;
                     }
                     *slot = Some(shared.comm.collective_recv(Source::Rank(src), PACKET_TAG));
@@ -262,11 +262,12 @@ impl EngineTask {
                     }
                     Poll::Ready(Err(e)) => {
                         *slot = None;
-                        if st.machine.expects_packets() {
+                        // Nothing more will come from `src`: a failure only if the machine
+                        // needs something from it, now or once it moves on.
+                        if st.machine.expects_from(src) {
                             return Err(e);
                         }
-                        // The job is winding down: stop listening, fail if work comes back.
-                        self.departed = Some(e);
+                        self.departed.insert(src, e);
                         break;
                     }
                 }

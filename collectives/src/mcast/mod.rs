@@ -71,10 +71,11 @@ pub(crate) trait Protocol: Send + std::fmt::Debug + 'static {
     /// (nothing left to forward, resend or acknowledge): the engine may stop once the
     /// communicator is gone.
     fn owes_nothing(&self) -> bool;
-    /// Whether the machine still waits for point-to-point packets (a broadcast not finished
-    /// here, a synchronisation under way): a peer that leaves then is a failure; one that
-    /// leaves after everything is done is not.
-    fn expects_packets(&self) -> bool;
+    /// Whether the machine may still need a point-to-point packet from `rank` (a ring or tree
+    /// predecessor of an unfinished broadcast, a root owing NACK answers, a sync parent or
+    /// child): if `rank` has left, that is a failure; a rank that leaves after sending all it
+    /// owed is not (the others may still be busy with each other).
+    fn expects_from(&self, rank: usize) -> bool;
     /// The communicator was dropped on this rank: no more broadcasts will start here.
     fn owner_gone(&mut self, now: Instant);
     fn stats(&self) -> BcastStats;

@@ -127,3 +127,91 @@ fn multicast_latency_stays_flat_while_the_tree_grows() {
         at(SimAlgorithm::TwoStage, 1024).skew(0) * 4 < at(SimAlgorithm::Binomial, 1024).skew(0)
     );
 }
+
+mod departures {
+    use std::time::{Duration, Instant};
+
+    use bytes::Bytes;
+
+    use super::super::assembly::Assembly;
+    use super::super::channels::Channels;
+    use super::super::two_stage::TwoStage;
+    use super::super::wire::{Algorithm, Keys, Packet};
+    use super::super::{Protocol, Settings};
+
+    const KEYS: Keys = Keys {
+        job_key: 7,
+        context: 0,
+    };
+
+    fn settings() -> Settings {
+        Settings {
+            fragment: 100,
+            early_limit: 1 << 20,
+            root_delay: Duration::ZERO,
+            sync: false,
+            channels: 2,
+            nack_timeout: Duration::from_millis(2),
+            retries: 3,
+        }
+    }
+
+    fn fragments(bid: u64, root: u32, len: usize, algorithm: Algorithm) -> Vec<Bytes> {
+        let asm = Assembly::whole(bid, root, &Bytes::from(vec![5u8; len]), settings().fragment);
+        (0..asm.count)
+            .filter_map(|seq| asm.fragment(bid, seq))
+            .map(|f| Packet::Fragment(f).encode(KEYS, algorithm))
+            .collect()
+    }
+
+    /// A late rank that already holds all of an unstarted broadcast from the ring needs nothing
+    /// more from its predecessor, which may leave; one still missing a fragment does need it.
+    #[test]
+    fn two_stage_needs_its_predecessor_only_for_missing_ring_fragments() {
+        let now = Instant::now();
+        let mut late = TwoStage::new(2, 3, KEYS, settings());
+        let frags = fragments(0, 0, 250, Algorithm::TwoStage);
+        assert_eq!(frags.len(), 3);
+        late.handle_packet(now, 1, &frags[0]);
+        late.handle_packet(now, 1, &frags[1]);
+        assert!(late.expects_from(1), "one ring fragment still to come");
+        assert!(
+            !late.expects_from(0),
+            "the root sends it nothing point-to-point"
+        );
+        late.handle_packet(now, 1, &frags[2]);
+        assert!(!late.expects_from(1), "the ring brought everything");
+        late.start(now, 0, 0, None);
+        assert!(matches!(
+            late.poll_event(),
+            Some(super::super::Event::Complete { bid: 0, .. })
+        ));
+    }
+
+    /// A rank waiting for its sync-down needs its sync parent, not the manager that already
+    /// sent it down and left; the root of a broadcast it reported missing may leave too.
+    #[test]
+    fn channels_wait_for_the_sync_parent_not_for_ranks_done_with_them() {
+        let now = Instant::now();
+        // Rank 3 of 4: its parent in the tree rooted at 0 is 2.
+        let mut m = Channels::new(3, 4, KEYS, settings());
+        m.start(now, 0, 1, None);
+        assert!(
+            m.expects_from(1),
+            "nothing arrived: it may have to NACK the root"
+        );
+        m.owner_gone(now);
+        assert!(
+            m.expects_from(2),
+            "sync-up sent, sync-down due from the parent"
+        );
+        assert!(
+            !m.expects_from(0),
+            "the manager reaches rank 3 through rank 2"
+        );
+        assert!(
+            !m.expects_from(1),
+            "reported missing in the sync: the repair comes down the tree"
+        );
+    }
+}

@@ -316,8 +316,22 @@ impl Protocol for TwoStage {
         self.bcasts.values().all(|b| !b.started)
     }
 
-    fn expects_packets(&self) -> bool {
-        !self.bcasts.is_empty()
+    fn expects_from(&self, rank: usize) -> bool {
+        // Held broadcasts need nothing more once the ring has brought every fragment (or this
+        // rank is the root, past its synchronisation): a late rank's unstarted broadcast whose
+        // fragments are all here must not turn a peer's orderly exit into a failure.
+        let me = self.rank;
+        let from_ring = rank == self.predecessor();
+        self.bcasts.iter().any(|(&bid, b)| match &b.asm {
+            None => b.started && from_ring,
+            Some(asm) => {
+                let root = asm.root as usize;
+                (from_ring && root != me && b.from_ring.len() < asm.count as usize)
+                    || (b.multicast_pending
+                        && !b.ready
+                        && rank == chosen_rank(self.keys, bid, root, self.size))
+            }
+        })
     }
 
     fn owner_gone(&mut self, _now: Instant) {}

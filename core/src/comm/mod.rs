@@ -257,8 +257,10 @@ impl Communicator {
     /// Dropping the last communicator of a rank starts the same shutdown without waiting for
     /// it, which is enough when the process (and its runtime) lives on; a process that is about
     /// to exit calls this first (`rankweave::finalize` does). Call it with no receive
-    /// outstanding; operations started on other handles afterwards fail with
-    /// [`Error::Shutdown`].
+    /// outstanding, having dropped the rank's other communicators: those still alive (and
+    /// services finishing what they owe other ranks, such as the multicast broadcast engine)
+    /// get up to [`Config::peer_timeout`] to go; then the rank ends regardless and operations
+    /// started on them fail with [`Error::Shutdown`].
     pub async fn shutdown(self) {
         let driver = Arc::clone(&self.inner.driver);
         drop(self);

@@ -300,20 +300,36 @@ impl Driver {
             }
         }
         self.transport.close();
+        // A closed transport may still hold frames it could not hand over yet (a full ring, an
+        // unacknowledged window) and nobody else will drive it when the rank was dropped rather
+        // than shut down: keep at it here. The transport bounds this time (its linger).
+        while !self.transport.is_drained() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
         self.finished.send_replace(true);
     }
 
     /// Shuts the rank down (see [`Communicator::shutdown`](crate::Communicator::shutdown)) and
-    /// waits until the progress task has ended and the transport has delivered what it was
-    /// given, or given up on it.
+    /// waits until the progress task has ended, which includes the transport delivering what
+    /// it was given or giving up on it.
+    ///
+    /// The caller has dropped its communicator. The rank's other handles get up to the peer
+    /// timeout to go first: services that hold one (the multicast broadcast engine) are
+    /// finishing what they owe other ranks, and closing under them would fail those ranks.
+    /// Past that the rank ends regardless.
     pub(crate) async fn shut_down(&self) {
         let mut finished = self.finished.subscribe();
-        self.begin_shutdown(false);
-        let _ = finished.wait_for(|&done| done).await;
-        // After close the transport may still be retransmitting and acknowledging; it bounds
-        // that time itself (its linger), so this loop ends.
-        while !self.transport.is_drained() {
-            tokio::time::sleep(Duration::from_millis(1)).await;
+        let grace = self.config.peer_timeout;
+        if tokio::time::timeout(grace, finished.wait_for(|&done| done))
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                rank = self.rank,
+                "shutdown: other handles of this rank still exist after {grace:?}; ending it anyway"
+            );
+            self.begin_shutdown(false);
+            let _ = finished.wait_for(|&done| done).await;
         }
     }
 
