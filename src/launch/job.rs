@@ -1,7 +1,8 @@
 //! Joining a multi-process job: set up this rank's shared-memory segment and UDP routes,
 //! publish them, meet the others, build the transport (`RANKWEAVE_TRANSPORT`: `auto` uses
 //! shared memory alone when every rank is on this host and shared memory beside UDP when
-//! not; `shm` and `udp` use one).
+//! not; `shm` and `udp` use one), and, when multicast broadcasts are on, the multicast fabric
+//! whose group names derive from the job key (agreed here even for shared memory alone).
 //!
 //! Start-up follows Yu's scalable pattern: each rank publishes O(1) data (its route addresses,
 //! one key) and waits once for everyone; nothing is fetched yet. A peer's addresses are read
@@ -94,13 +95,21 @@ pub(crate) async fn join(mut config: Config, bootstrap: Bootstrap) -> Result<Com
             .map_err(|m| fail(format!("publishing this rank's segment: {m}")))?;
     }
     if shm_only {
-        directory
-            .fence()
+        // Multicast groups are named from the job key (so concurrent jobs never share one);
+        // shared memory alone needs none otherwise.
+        let job_key = agree_job_key(&directory, &me, config.multicast_enabled())
             .await
-            .map_err(|m| fail(format!("waiting for the other ranks at start-up: {m}")))?;
+            .map_err(fail)?;
         let local = local.ok_or_else(|| fail("no shared-memory transport".into()))?;
-        let comm =
-            Communicator::world(me.rank as usize, me.size as usize, Arc::new(local), config)?;
+        let multicast =
+            job_key.and_then(|key| rankweave_transports::ipmcast::setup(&config, me.rank, key));
+        let comm = Communicator::world_with_multicast(
+            me.rank as usize,
+            me.size as usize,
+            Arc::new(local),
+            config,
+            multicast,
+        )?;
         *JOINED.lock().unwrap_or_else(|p| p.into_inner()) = Some(directory);
         return Ok(comm);
     }
@@ -120,24 +129,10 @@ pub(crate) async fn join(mut config: Config, bootstrap: Bootstrap) -> Result<Com
         .publish(me.rank, &carrier.local_addrs())
         .await
         .map_err(|m| fail(format!("publishing this rank's endpoints: {m}")))?;
-    let drawn = (me.job_key.is_none() && me.rank == 0).then(rankweave_core::rng::random_u64);
-    if let Some(key) = drawn {
-        directory
-            .publish_job_key(key)
-            .await
-            .map_err(|m| fail(format!("publishing the job key: {m}")))?;
-    }
-    directory
-        .fence()
+    let job_key = agree_job_key(&directory, &me, true)
         .await
-        .map_err(|m| fail(format!("waiting for the other ranks at start-up: {m}")))?;
-    let job_key = match me.job_key.or(drawn) {
-        Some(k) => k,
-        None => directory
-            .job_key()
-            .await
-            .map_err(|m| fail(format!("reading the job key: {m}")))?,
-    };
+        .map_err(fail)?
+        .ok_or_else(|| fail("no job key".into()))?;
     let carrier = carrier.with_directory(Arc::new(directory.clone()), job_key, me.size);
     let network = udp::rank_transport(carrier, me.size, job_key, &config);
     let transport: Arc<dyn Transport> = match local {
@@ -147,9 +142,48 @@ pub(crate) async fn join(mut config: Config, bootstrap: Bootstrap) -> Result<Com
         }
         None => network,
     };
-    let comm = Communicator::world(me.rank as usize, me.size as usize, transport, config)?;
+    let multicast = rankweave_transports::ipmcast::setup(&config, me.rank, job_key);
+    let comm = Communicator::world_with_multicast(
+        me.rank as usize,
+        me.size as usize,
+        transport,
+        config,
+        multicast,
+    )?;
     *JOINED.lock().unwrap_or_else(|p| p.into_inner()) = Some(directory);
     Ok(comm)
+}
+
+/// Waits for every rank at start-up (the fence) and, when `needed`, agrees on the job key:
+/// the launcher's if it gave one, else one rank 0 draws and publishes before the fence.
+async fn agree_job_key(
+    directory: &JobDirectory,
+    me: &super::directory::Membership,
+    needed: bool,
+) -> Result<Option<u64>, String> {
+    let drawn =
+        (needed && me.job_key.is_none() && me.rank == 0).then(rankweave_core::rng::random_u64);
+    if let Some(key) = drawn {
+        directory
+            .publish_job_key(key)
+            .await
+            .map_err(|m| format!("publishing the job key: {m}"))?;
+    }
+    directory
+        .fence()
+        .await
+        .map_err(|m| format!("waiting for the other ranks at start-up: {m}"))?;
+    if !needed {
+        return Ok(None);
+    }
+    match me.job_key.or(drawn) {
+        Some(k) => Ok(Some(k)),
+        None => directory
+            .job_key()
+            .await
+            .map(Some)
+            .map_err(|m| format!("reading the job key: {m}")),
+    }
 }
 
 /// Leaves the joined job's key-value space (a last fence with every rank, then goodbye), if

@@ -133,12 +133,21 @@ pub fn world(n: usize, config: &Config) -> Result<Vec<Communicator>, Error> {
         ));
     }
     let fabric = InprocFabric::new(n);
+    // Multicast broadcasts, when asked for, go over real IP multicast (loopback) here too.
+    let job_key = rankweave_core::rng::random_u64();
     (0..n)
         .map(|rank| {
             let transport = fabric
                 .endpoint(rank)
                 .ok_or(Error::InvalidRank { rank, size: n })?;
-            Communicator::world(rank, n, Arc::new(transport), config.clone())
+            let multicast = crate::ipmcast::setup(config, rank as u32, job_key);
+            Communicator::world_with_multicast(
+                rank,
+                n,
+                Arc::new(transport),
+                config.clone(),
+                multicast,
+            )
         })
         .collect()
 }

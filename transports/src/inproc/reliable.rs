@@ -48,7 +48,8 @@ pub fn reliable_world(n: usize, config: &Config) -> Result<Vec<Communicator>, Er
                 }
                 None => Arc::new(LinkTransport::new(carrier, lc)),
             };
-            Communicator::world(rank, n, transport, config.clone())
+            let multicast = crate::ipmcast::setup(config, rank as u32, job_key);
+            Communicator::world_with_multicast(rank, n, transport, config.clone(), multicast)
         })
         .collect()
 }
