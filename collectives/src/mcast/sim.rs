@@ -91,6 +91,8 @@ pub struct SimReport {
     pub done: Vec<Vec<Duration>>,
     /// `data[b][r]`: the bytes rank `r` got for broadcast `b`.
     pub data: Vec<Vec<Bytes>>,
+    /// `roots[b]`: the root of broadcast `b`.
+    pub roots: Vec<usize>,
     /// The machines' counters, summed over ranks.
     pub stats: BcastStats,
     /// Whether every machine owed nothing at the end (all synchronised and forwarded).
@@ -104,11 +106,18 @@ impl SimReport {
         self.done[b].iter().copied().max().unwrap_or_default()
     }
 
-    /// Latest minus earliest completion of broadcast `b` among non-root ranks' view (all
-    /// ranks): the skew the algorithm leaves between ranks.
+    /// Latest minus earliest completion of broadcast `b` among the ranks other than its root
+    /// (which has the data from the start): the skew the algorithm leaves between receivers.
     pub fn skew(&self, b: usize) -> Duration {
-        let max = self.done[b].iter().copied().max().unwrap_or_default();
-        let min = self.done[b].iter().copied().min().unwrap_or_default();
+        let receivers = || {
+            self.done[b]
+                .iter()
+                .enumerate()
+                .filter(|&(r, _)| r != self.roots[b])
+                .map(|(_, &t)| t)
+        };
+        let max = receivers().max().unwrap_or_default();
+        let min = receivers().min().unwrap_or_default();
         max - min
     }
 }
@@ -392,6 +401,7 @@ pub fn simulate(algorithm: SimAlgorithm, config: &SimConfig) -> SimReport {
     SimReport {
         done,
         data,
+        roots: (0..config.broadcasts).map(root_of).collect(),
         stats,
         // Once everything is done nobody may wait for anybody: a rank leaving then is no loss.
         settled: machines
