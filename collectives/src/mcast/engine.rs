@@ -5,7 +5,10 @@
 //! the NIC: it drains the multicast group, keeps a point-to-point receive posted for every rank
 //! the machine hears from, fires the machine's timers, watches the sends it started, and hands
 //! each completed broadcast to its waiting caller. So broadcasts progress — fragments are
-//! forwarded, NACKs answered, channels synchronised — whether or not anyone awaits them.
+//! forwarded, NACKs answered, channels synchronised — whether or not anyone awaits them. A
+//! caller waiting for its broadcast busy-polls the group itself while the progress policy lets
+//! it spin, so the common case (everything arrives by multicast) costs no task wake-up. The
+//! engine's own point-to-point operations never spin: it is a background service.
 //!
 //! The engine lives in the communicator (an [extension](rankweave_core::Communicator::extension));
 //! its task holds a [detached](rankweave_core::Communicator::detached) handle, so it keeps the
@@ -20,10 +23,10 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use rankweave_core::{Communicator, Error, MulticastGroup, RecvOp, SendOp, Source};
+use rankweave_core::{Communicator, Error, MulticastGroup, ProgressPolicy, RecvOp, SendOp, Source};
 use tokio::sync::oneshot;
 
 use super::channels::Channels;
@@ -136,7 +139,11 @@ impl Engine {
             }
         }
         self.shared.wake_task();
-        async move { rx.await.unwrap_or(Err(Error::Shutdown)) }
+        BcastWait {
+            shared: Arc::clone(&self.shared),
+            rx,
+            since: None,
+        }
     }
 
     /// The machine's counters with the group's.
@@ -181,8 +188,11 @@ impl Shared {
                     }
                 }
                 Transmit::Send { to, packet } => {
-                    st.sends
-                        .push(self.comm.collective_send(to, PACKET_TAG, packet));
+                    st.sends.push(
+                        self.comm
+                            .collective_send(to, PACKET_TAG, packet)
+                            .without_spinning(),
+                    );
                 }
             }
         }
@@ -193,6 +203,33 @@ impl Shared {
         }
     }
 
+    /// Takes what the multicast group holds and runs it through the machine, from a caller's
+    /// thread; `true` if anything came. Skipped while the engine task holds the machine.
+    fn poll_group_inline(&self) -> bool {
+        let Some(g) = &self.group else { return false };
+        let mut st = match self.state.try_lock() {
+            Ok(st) => st,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return false,
+        };
+        let mut datagrams = Vec::new();
+        if !matches!(g.drain(&mut datagrams, DRAIN_BATCH), Ok(n) if n > 0) {
+            return false;
+        }
+        let now = Instant::now();
+        for d in &datagrams {
+            st.machine.handle_datagram(now, d);
+        }
+        self.flush(&mut st);
+        // Sends to watch and timers to arm are the task's.
+        let task_has_work = !st.sends.is_empty() || st.machine.poll_timeout().is_some();
+        drop(st);
+        if task_has_work {
+            self.wake_task();
+        }
+        true
+    }
+
     /// Fails every outstanding and later broadcast with `error`.
     fn fail(&self, st: &mut State, error: Error) {
         tracing::debug!(%error, "multicast broadcast engine failed");
@@ -200,6 +237,73 @@ impl Shared {
             let _ = tx.send(Err(error.clone()));
         }
         st.failed.get_or_insert(error);
+    }
+}
+
+/// How long a waiting caller looks at the group before yielding to the scheduler (each look
+/// is one `recvmsg`).
+const SPIN_BURST: Duration = Duration::from_micros(20);
+
+/// A caller's wait for one broadcast. It takes the engine's answer; while the progress policy
+/// lets it spin, it also looks at the multicast group itself, so a datagram is handled the
+/// moment it lands rather than after the engine task's wake-up (an epoll round and, on an idle
+/// worker, a thread wake-up: tens of microseconds here).
+struct BcastWait {
+    shared: Arc<Shared>,
+    rx: oneshot::Receiver<Result<Bytes, Error>>,
+    /// When this wait started spinning.
+    since: Option<Instant>,
+}
+
+impl BcastWait {
+    fn should_spin(&mut self) -> bool {
+        let config = self.shared.comm.config();
+        self.shared.group.is_some()
+            && match config.progress {
+                ProgressPolicy::Park => false,
+                ProgressPolicy::Spin => true,
+                ProgressPolicy::SpinThenPark => {
+                    self.since.get_or_insert_with(Instant::now).elapsed() < config.spin
+                }
+            }
+    }
+}
+
+impl Future for BcastWait {
+    type Output = Result<Bytes, Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        if let Poll::Ready(r) = Pin::new(&mut this.rx).poll(cx) {
+            return Poll::Ready(r.unwrap_or(Err(Error::Shutdown)));
+        }
+        if !this.should_spin() {
+            return Poll::Pending;
+        }
+        let give_way = this.shared.comm.config().spin_yield == Some(true);
+        let burst = Instant::now();
+        loop {
+            if this.shared.poll_group_inline() {
+                match this.rx.try_recv() {
+                    Ok(r) => return Poll::Ready(r),
+                    Err(oneshot::error::TryRecvError::Closed) => {
+                        return Poll::Ready(Err(Error::Shutdown));
+                    }
+                    Err(oneshot::error::TryRecvError::Empty) => {}
+                }
+            }
+            if burst.elapsed() >= SPIN_BURST {
+                break;
+            }
+            if give_way {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+        // Come straight back after the scheduler's other tasks (no wake-up needed).
+        cx.waker().wake_by_ref();
+        Poll::Pending
     }
 }
 
@@ -250,7 +354,14 @@ impl EngineTask {
                     if !st.machine.wants_packets() || self.departed.contains_key(&src) {
                         break;
                     }
-                    *slot = Some(shared.comm.collective_recv(Source::Rank(src), PACKET_TAG));
+                    // Parked, not spinning: one spinning receive per listened rank would
+                    // cost a spin burst per rank on every pass of this background task.
+                    *slot = Some(
+                        shared
+                            .comm
+                            .collective_recv(Source::Rank(src), PACKET_TAG)
+                            .without_spinning(),
+                    );
                 }
                 let Some(op) = slot.as_mut() else { break };
                 match Pin::new(op).poll(cx) {

@@ -58,6 +58,18 @@ impl SendOp {
     }
 }
 
+impl SendOp {
+    /// This send never busy-polls while it waits, whatever the progress policy: for background
+    /// services (the multicast broadcast engine) that must not take CPU from the rank's own
+    /// tasks. It is woken by the progress engine instead.
+    pub fn without_spinning(mut self) -> SendOp {
+        if let SendState::Pending { wait, .. } = &mut self.state {
+            wait.park_only();
+        }
+        self
+    }
+}
+
 impl Future for SendOp {
     type Output = Result<(), Error>;
 
@@ -159,6 +171,17 @@ impl RecvOp {
             comm,
             state: RecvState::Failed(Some(e)),
         }
+    }
+}
+
+impl RecvOp {
+    /// This receive never busy-polls while it waits, whatever the progress policy (see
+    /// [`SendOp::without_spinning`]).
+    pub fn without_spinning(mut self) -> RecvOp {
+        if let RecvState::Pending { wait, .. } = &mut self.state {
+            wait.park_only();
+        }
+        self
     }
 }
 

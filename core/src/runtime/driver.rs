@@ -350,11 +350,21 @@ const SPIN_BURST: Duration = Duration::from_micros(1);
 #[derive(Debug, Default)]
 pub(crate) struct Wait {
     since: Option<Instant>,
+    /// Never spin, whatever the policy (a background service's operation).
+    park_only: bool,
 }
 
 impl Wait {
+    /// Makes this future park at once whenever it has to wait.
+    pub(crate) fn park_only(&mut self) {
+        self.park_only = true;
+    }
+
     /// Whether the policy lets this future keep busy-polling.
     fn should_spin(&mut self, config: &Config) -> bool {
+        if self.park_only {
+            return false;
+        }
         match config.progress {
             ProgressPolicy::Park => false,
             ProgressPolicy::Spin => true,
