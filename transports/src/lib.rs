@@ -14,7 +14,8 @@
 //! * [`ipmcast`]: IP multicast groups (one per communicator) for the multicast broadcasts;
 //!   [`chaos_group`] injects faults into what a group receives.
 //!
-//! Verbs follow.
+//! * [`verbs`]: InfiniBand verbs: the RC transport over a provider interface, a simulated
+//!   fabric, and (feature `verbs`) the device provider over `libibverbs`.
 
 #![warn(missing_docs)]
 
@@ -27,3 +28,4 @@ pub mod shm;
 pub mod split;
 mod sync;
 pub mod udp;
+pub mod verbs;

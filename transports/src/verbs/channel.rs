@@ -1,0 +1,452 @@
+//! One RC connection's protocol, as a sans-IO state machine: eager messages under credits,
+//! rendezvous by RDMA write with immediate data, and delivery in the sender's order.
+//!
+//! The driver feeds it what the completion queue reports ([`RcChannel::on_message`],
+//! [`RcChannel::on_write_done`]) and frames to send ([`RcChannel::send`]); it drains what the
+//! channel wants done: [`RcChannel::poll_transmit`] (a message for a send buffer, or an RDMA
+//! write), [`RcChannel::poll_allocation`] (register a buffer for an incoming transfer, then
+//! [`RcChannel::buffer_ready`]) and [`RcChannel::poll_frame`] (frames for the message layer, in
+//! the order they were sent). It never touches the provider.
+//!
+//! A frame whose message does not fit a receive buffer goes by rendezvous: an Rts takes its
+//! place in the stream, the receiver answers with a Cts naming a registered buffer, and the
+//! sender writes the payload there with immediate data (the transfer id). Frames after it wait
+//! at the receiver until its payload is in place, so the connection stays ordered.
+
+use std::collections::VecDeque;
+
+use bytes::Bytes;
+use rankweave_core::frame::{Frame, Header};
+use rustc_hash::FxHashMap;
+
+use super::credits::Credits;
+use super::message::{HEADER_LEN, Message, MessageError};
+use super::provider::{MemoryRegion, MrId, RemoteSlice};
+
+/// Settings of a channel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChannelConfig {
+    /// Receive buffers each side posts for the other (the credit window).
+    pub window: u32,
+    /// Bytes of one receive buffer: messages up to this size go eagerly.
+    pub buffer_len: usize,
+    /// The largest payload a peer may announce for a rendezvous transfer.
+    pub max_transfer: u64,
+}
+
+/// Something the channel wants sent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Transmit {
+    /// A message for a send buffer (already carrying the credits returned).
+    Message(Vec<u8>),
+    /// An RDMA write of `payload` to `remote` with immediate data `transfer`.
+    Write {
+        /// The transfer id (the immediate data).
+        transfer: u32,
+        /// The bytes to write.
+        payload: Bytes,
+        /// Where.
+        remote: RemoteSlice,
+    },
+}
+
+/// A peer broke the protocol.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ChannelError {
+    /// A message that does not decode.
+    #[error("malformed message: {0}")]
+    Malformed(#[from] MessageError),
+    /// A Cts or write for a transfer that is not waiting for one.
+    #[error("unknown rendezvous transfer {0}")]
+    UnknownTransfer(u32),
+    /// An Rts announcing more than the receiver accepts.
+    #[error("rendezvous of {len} bytes exceeds the limit of {max}")]
+    TransferTooLarge {
+        /// Announced length.
+        len: u64,
+        /// The limit.
+        max: u64,
+    },
+    /// A write longer than the announced payload.
+    #[error("transfer {transfer}: {got} bytes written, {expected} announced")]
+    WrongLength {
+        /// The transfer.
+        transfer: u32,
+        /// Bytes written.
+        got: usize,
+        /// Bytes announced.
+        expected: u64,
+    },
+    /// The peer sent more messages than it had credits for.
+    #[error("the peer sent more messages than it had credits for")]
+    CreditOverrun,
+}
+
+/// A place in the delivery order.
+#[derive(Debug)]
+enum Slot {
+    Ready(Frame),
+    /// A rendezvous frame whose payload has not arrived yet.
+    Waiting(u32),
+}
+
+#[derive(Debug)]
+struct Incoming {
+    header: Header,
+    len: u64,
+    /// The registered buffer, once the driver made it.
+    region: Option<MrId>,
+}
+
+/// Outgoing work that waits for credits.
+#[derive(Debug)]
+enum Pending {
+    Cts {
+        transfer: u32,
+        addr: u64,
+        rkey: u32,
+    },
+    Write {
+        transfer: u32,
+        payload: Bytes,
+        remote: RemoteSlice,
+    },
+}
+
+/// Counters of one channel.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ChannelCounters {
+    /// Frames sent eagerly.
+    pub eager_sent: u64,
+    /// Frames sent by rendezvous.
+    pub rendezvous_sent: u64,
+    /// Payload bytes written by RDMA.
+    pub rdma_bytes_sent: u64,
+    /// Credit-only messages sent.
+    pub credit_updates_sent: u64,
+    /// Times a message waited because no credit was left.
+    pub credit_stalls: u64,
+    /// Frames delivered.
+    pub frames_delivered: u64,
+}
+
+/// The state machine of one RC connection (see the [module docs](self)).
+#[derive(Debug)]
+pub struct RcChannel {
+    config: ChannelConfig,
+    credits: Credits,
+    /// Frames to send, in order.
+    frames: VecDeque<Frame>,
+    /// Responses (Cts, writes) to send before frames.
+    control: VecDeque<Pending>,
+    /// Rendezvous sends waiting for their Cts, by transfer id.
+    awaiting_cts: FxHashMap<u32, Bytes>,
+    next_transfer: u32,
+    /// Transfers to this side, by id.
+    incoming: FxHashMap<u32, Incoming>,
+    /// Transfers whose buffer the driver must register.
+    allocations: VecDeque<(u32, u64)>,
+    delivery: VecDeque<Slot>,
+    /// Messages received from the peer (each consumed one of our receive buffers).
+    received_total: u64,
+    /// Credits returned to the peer in messages sent so far.
+    returned_total: u64,
+    bye_queued: bool,
+    bye_sent: bool,
+    peer_closed: bool,
+    stalled: bool,
+    counters: ChannelCounters,
+}
+
+impl RcChannel {
+    /// A channel whose peer has posted `config.window` buffers for it.
+    pub fn new(config: ChannelConfig) -> RcChannel {
+        RcChannel {
+            config,
+            credits: Credits::new(config.window),
+            frames: VecDeque::new(),
+            control: VecDeque::new(),
+            awaiting_cts: FxHashMap::default(),
+            next_transfer: 0,
+            incoming: FxHashMap::default(),
+            allocations: VecDeque::new(),
+            delivery: VecDeque::new(),
+            received_total: 0,
+            returned_total: 0,
+            bye_queued: false,
+            bye_sent: false,
+            peer_closed: false,
+            stalled: false,
+            counters: ChannelCounters::default(),
+        }
+    }
+
+    /// Queues `frame` for the peer.
+    pub fn send(&mut self, frame: Frame) {
+        self.frames.push_back(frame);
+    }
+
+    /// Queues the BYE that tells the peer this side is closing (after every queued frame).
+    pub fn close(&mut self) {
+        self.bye_queued = true;
+    }
+
+    /// The next thing to send, if credits allow; `send_buffer_free` says whether a send
+    /// buffer is available for a [`Transmit::Message`] (writes need none).
+    pub fn poll_transmit(&mut self, send_buffer_free: bool) -> Option<Transmit> {
+        if !self.control.is_empty() || !self.frames.is_empty() {
+            if !self.credits.can_send_data() {
+                if !self.stalled {
+                    self.stalled = true;
+                    self.counters.credit_stalls += 1;
+                }
+                return self.credit_update(send_buffer_free);
+            }
+            self.stalled = false;
+        }
+        let next_is_write = matches!(self.control.front(), Some(Pending::Write { .. }));
+        if next_is_write {
+            if let Some(Pending::Write {
+                transfer,
+                payload,
+                remote,
+            }) = self.control.pop_front()
+            {
+                // Write with immediate data carries no credit field: what is owed waits.
+                self.credits.spend_without_return();
+                self.counters.rdma_bytes_sent += payload.len() as u64;
+                return Some(Transmit::Write {
+                    transfer,
+                    payload,
+                    remote,
+                });
+            }
+        }
+        if !send_buffer_free {
+            return None;
+        }
+        if let Some(Pending::Cts {
+            transfer,
+            addr,
+            rkey,
+        }) = self.control.front()
+        {
+            let m = Message::Cts {
+                transfer: *transfer,
+                addr: *addr,
+                rkey: *rkey,
+            };
+            self.control.pop_front();
+            return Some(self.encode(&m));
+        }
+        if let Some(frame) = self.frames.pop_front() {
+            if Message::frame_len(&frame) <= self.config.buffer_len {
+                self.counters.eager_sent += 1;
+                return Some(self.encode(&Message::Frame(frame)));
+            }
+            let transfer = self.next_transfer;
+            self.next_transfer = self.next_transfer.wrapping_add(1);
+            let m = Message::Rts {
+                transfer,
+                header: frame.header,
+                len: frame.payload.len() as u64,
+            };
+            self.awaiting_cts.insert(transfer, frame.payload);
+            self.counters.rendezvous_sent += 1;
+            return Some(self.encode(&m));
+        }
+        if self.bye_queued && !self.bye_sent && self.credits.can_send_control() {
+            self.bye_sent = true;
+            return Some(self.encode(&Message::Bye));
+        }
+        self.credit_update(send_buffer_free)
+    }
+
+    fn credit_update(&mut self, send_buffer_free: bool) -> Option<Transmit> {
+        (send_buffer_free && self.credits.update_due() && self.credits.can_send_control()).then(
+            || {
+                self.counters.credit_updates_sent += 1;
+                self.encode(&Message::Credit)
+            },
+        )
+    }
+
+    fn encode(&mut self, m: &Message) -> Transmit {
+        let give = self.credits.spend();
+        self.returned_total += u64::from(give);
+        let mut out = Vec::with_capacity(HEADER_LEN + 64);
+        m.encode(give, &mut out);
+        Transmit::Message(out)
+    }
+
+    /// Takes in a message from a receive buffer; its buffer was reposted.
+    pub fn on_message(&mut self, bytes: Bytes) -> Result<(), ChannelError> {
+        self.count_received()?;
+        let (message, credits) = Message::decode(bytes)?;
+        self.credits.returned(credits);
+        match message {
+            Message::Frame(frame) => self.delivery.push_back(Slot::Ready(frame)),
+            Message::Credit => {}
+            Message::Bye => self.peer_closed = true,
+            Message::Rts {
+                transfer,
+                header,
+                len,
+            } => {
+                if len > self.config.max_transfer {
+                    return Err(ChannelError::TransferTooLarge {
+                        len,
+                        max: self.config.max_transfer,
+                    });
+                }
+                self.incoming.insert(
+                    transfer,
+                    Incoming {
+                        header,
+                        len,
+                        region: None,
+                    },
+                );
+                self.allocations.push_back((transfer, len));
+                self.delivery.push_back(Slot::Waiting(transfer));
+            }
+            Message::Cts {
+                transfer,
+                addr,
+                rkey,
+            } => {
+                let payload = self
+                    .awaiting_cts
+                    .remove(&transfer)
+                    .ok_or(ChannelError::UnknownTransfer(transfer))?;
+                self.control.push_back(Pending::Write {
+                    transfer,
+                    payload,
+                    remote: RemoteSlice { addr, rkey },
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// A receive buffer was consumed and reposted: one more credit is owed.
+    fn count_received(&mut self) -> Result<(), ChannelError> {
+        self.received_total += 1;
+        // The peer may send the window plus what was returned to it, never more.
+        if self.received_total > u64::from(self.config.window) + self.returned_total {
+            return Err(ChannelError::CreditOverrun);
+        }
+        self.credits.reposted();
+        Ok(())
+    }
+
+    /// The next transfer whose receive buffer the driver must register: `(transfer, len)`.
+    pub fn poll_allocation(&mut self) -> Option<(u32, u64)> {
+        self.allocations.pop_front()
+    }
+
+    /// The driver registered `region` for `transfer`: the Cts goes out.
+    pub fn buffer_ready(&mut self, transfer: u32, region: &MemoryRegion) {
+        if let Some(t) = self.incoming.get_mut(&transfer) {
+            t.region = Some(region.id);
+            self.control.push_back(Pending::Cts {
+                transfer,
+                addr: region.addr,
+                rkey: region.rkey,
+            });
+        }
+    }
+
+    /// An RDMA write with immediate data `transfer` whose last piece was `len` bytes arrived (its receive
+    /// buffer was reposted): returns the region holding the payload, for the driver to
+    /// deregister and hand back with [`deliver_transfer`](Self::deliver_transfer).
+    pub fn on_write_done(&mut self, transfer: u32, len: usize) -> Result<MrId, ChannelError> {
+        self.count_received()?;
+        let t = self
+            .incoming
+            .get(&transfer)
+            .filter(|t| t.region.is_some())
+            .ok_or(ChannelError::UnknownTransfer(transfer))?;
+        // The completion reports the last write's bytes: the payload may have gone in pieces.
+        if len as u64 > t.len {
+            return Err(ChannelError::WrongLength {
+                transfer,
+                got: len,
+                expected: t.len,
+            });
+        }
+        t.region.ok_or(ChannelError::UnknownTransfer(transfer))
+    }
+
+    /// The payload of `transfer`, taken out of its deregistered buffer.
+    pub fn deliver_transfer(&mut self, transfer: u32, payload: Bytes) {
+        let Some(t) = self.incoming.remove(&transfer) else {
+            return;
+        };
+        let frame = Frame {
+            header: t.header,
+            payload,
+        };
+        if let Some(slot) = self
+            .delivery
+            .iter_mut()
+            .find(|s| matches!(s, Slot::Waiting(id) if *id == transfer))
+        {
+            *slot = Slot::Ready(frame);
+        }
+    }
+
+    /// The next frame in the sender's order, if it is complete.
+    pub fn poll_frame(&mut self) -> Option<Frame> {
+        if !matches!(self.delivery.front(), Some(Slot::Ready(_))) {
+            return None;
+        }
+        match self.delivery.pop_front() {
+            Some(Slot::Ready(f)) => {
+                self.counters.frames_delivered += 1;
+                Some(f)
+            }
+            _ => None,
+        }
+    }
+
+    /// The peer said BYE and everything it sent before has been delivered.
+    pub fn peer_finished(&self) -> bool {
+        self.peer_closed && self.delivery.is_empty()
+    }
+
+    /// This side has nothing left to send (frames, responses, rendezvous payloads, BYE).
+    pub fn is_idle(&self) -> bool {
+        self.frames.is_empty()
+            && self.control.is_empty()
+            && self.awaiting_cts.is_empty()
+            && (!self.bye_queued || self.bye_sent)
+    }
+
+    /// Whether it has something it could send once credits or a send buffer allow.
+    pub fn has_pending(&self) -> bool {
+        !self.frames.is_empty()
+            || !self.control.is_empty()
+            || (self.bye_queued && !self.bye_sent)
+            || self.credits.update_due()
+    }
+
+    /// Registered buffers of transfers that have not completed (to deregister on teardown).
+    pub fn incoming_regions(&self) -> impl Iterator<Item = MrId> + '_ {
+        self.incoming.values().filter_map(|t| t.region)
+    }
+
+    /// Its credit state.
+    pub fn credits(&self) -> Credits {
+        self.credits
+    }
+
+    /// Its counters.
+    pub fn counters(&self) -> ChannelCounters {
+        self.counters
+    }
+}
+
+#[cfg(test)]
+#[path = "channel_tests.rs"]
+mod tests;

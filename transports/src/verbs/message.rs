@@ -1,0 +1,282 @@
+//! What travels in a receive buffer of an RC connection: the connection's own messages.
+//!
+//! Every message starts with an 8-byte header; all integers are little-endian:
+//!
+//! | Offset | Size | Field      | Meaning                                                     |
+//! |--------|------|------------|-------------------------------------------------------------|
+//! | 0      | 1    | `magic`    | `0xB7`                                                      |
+//! | 1      | 1    | `kind`     | `1` Frame, `2` Credit, `3` Rts, `4` Cts, `5` Bye            |
+//! | 2      | 2    | `credits`  | `u16`: receive buffers the sender reposted for the receiver |
+//! | 4      | 4    | `transfer` | `u32`: rendezvous transfer id (Rts, Cts; else 0)            |
+//!
+//! and then, by kind:
+//!
+//! * **Frame**: a whole frame in the wire format of `rankweave_core::wire`.
+//! * **Credit**, **Bye**: nothing.
+//! * **Rts** (a frame too large for a receive buffer): `u64` payload length, then the frame's
+//!   header in the wire format (declaring that payload length). The receiver registers a
+//!   buffer of that length and answers with a Cts.
+//! * **Cts**: `u64` address and `u32` remote key of the receiver's buffer. The sender writes
+//!   the payload there with an RDMA write whose immediate data is the transfer id: the
+//!   receiver learns from that write's receive completion that the payload is in place (no
+//!   FIN message).
+
+use bytes::Bytes;
+use rankweave_core::frame::{Frame, Header};
+use rankweave_core::wire::{self, DecodeError};
+
+/// The first byte of every message.
+pub const MAGIC: u8 = 0xB7;
+
+/// Bytes of the header every message starts with.
+pub const HEADER_LEN: usize = 8;
+
+mod kind {
+    pub(super) const FRAME: u8 = 1;
+    pub(super) const CREDIT: u8 = 2;
+    pub(super) const RTS: u8 = 3;
+    pub(super) const CTS: u8 = 4;
+    pub(super) const BYE: u8 = 5;
+}
+
+/// A decoded message (see the [module docs](self)).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Message {
+    /// A whole frame.
+    Frame(Frame),
+    /// Only credits.
+    Credit,
+    /// A frame whose payload follows by RDMA write.
+    Rts {
+        /// The transfer id.
+        transfer: u32,
+        /// The frame's header.
+        header: Header,
+        /// The payload's length.
+        len: u64,
+    },
+    /// The receiver's buffer for a transfer.
+    Cts {
+        /// The transfer id.
+        transfer: u32,
+        /// The buffer's address.
+        addr: u64,
+        /// The buffer's remote key.
+        rkey: u32,
+    },
+    /// The sender is closing: nothing follows.
+    Bye,
+}
+
+/// Why a received buffer is not a message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MessageError {
+    /// Shorter than its header.
+    #[error("message too short: {0} bytes")]
+    TooShort(usize),
+    /// Not this protocol's magic.
+    #[error("bad magic byte {0:#04x}")]
+    BadMagic(u8),
+    /// An unknown kind.
+    #[error("unknown message kind {0}")]
+    UnknownKind(u8),
+    /// The frame inside does not decode.
+    #[error("bad frame: {0}")]
+    Frame(#[from] DecodeError),
+    /// An Rts whose frame header does not declare the Rts's length.
+    #[error("rendezvous length {rts} but frame header says {header}")]
+    LengthMismatch {
+        /// The Rts's length.
+        rts: u64,
+        /// The header's payload length.
+        header: u64,
+    },
+}
+
+fn put_header(out: &mut Vec<u8>, kind: u8, credits: u16, transfer: u32) {
+    out.push(MAGIC);
+    out.push(kind);
+    out.extend_from_slice(&credits.to_le_bytes());
+    out.extend_from_slice(&transfer.to_le_bytes());
+}
+
+impl Message {
+    /// Appends this message, carrying `credits`, to `out`.
+    pub fn encode(&self, credits: u16, out: &mut Vec<u8>) {
+        match self {
+            Message::Frame(frame) => {
+                put_header(out, kind::FRAME, credits, 0);
+                wire::encode_header(&frame.header, frame.payload.len(), out);
+                out.extend_from_slice(&frame.payload);
+            }
+            Message::Credit => put_header(out, kind::CREDIT, credits, 0),
+            Message::Bye => put_header(out, kind::BYE, credits, 0),
+            Message::Rts {
+                transfer,
+                header,
+                len,
+            } => {
+                put_header(out, kind::RTS, credits, *transfer);
+                out.extend_from_slice(&len.to_le_bytes());
+                wire::encode_header(header, *len as usize, out);
+            }
+            Message::Cts {
+                transfer,
+                addr,
+                rkey,
+            } => {
+                put_header(out, kind::CTS, credits, *transfer);
+                out.extend_from_slice(&addr.to_le_bytes());
+                out.extend_from_slice(&rkey.to_le_bytes());
+            }
+        }
+    }
+
+    /// Encoded length of a Frame message carrying `frame`.
+    pub fn frame_len(frame: &Frame) -> usize {
+        HEADER_LEN + wire::encoded_len(&frame.header) + frame.payload.len()
+    }
+
+    /// Decodes a received message; returns it and the credits it carries. A frame's payload is a
+    /// slice of `bytes` (no copy). Never panics.
+    pub fn decode(bytes: Bytes) -> Result<(Message, u16), MessageError> {
+        let buf = &bytes[..];
+        if buf.len() < HEADER_LEN {
+            return Err(MessageError::TooShort(buf.len()));
+        }
+        if buf[0] != MAGIC {
+            return Err(MessageError::BadMagic(buf[0]));
+        }
+        let credits = u16::from_le_bytes([buf[2], buf[3]]);
+        let transfer = u32::from_le_bytes([buf[4], buf[5], buf[6], buf[7]]);
+        let body = &buf[HEADER_LEN..];
+        let message = match buf[1] {
+            kind::FRAME => Message::Frame(wire::decode(bytes.slice(HEADER_LEN..))?),
+            kind::CREDIT => Message::Credit,
+            kind::BYE => Message::Bye,
+            kind::RTS => {
+                let len = u64::from_le_bytes(
+                    body.get(..8)
+                        .and_then(|b| b.try_into().ok())
+                        .ok_or(MessageError::TooShort(buf.len()))?,
+                );
+                let (header, declared, _) = wire::decode_header(&body[8..])?;
+                if declared != len {
+                    return Err(MessageError::LengthMismatch {
+                        rts: len,
+                        header: declared,
+                    });
+                }
+                Message::Rts {
+                    transfer,
+                    header,
+                    len,
+                }
+            }
+            kind::CTS => {
+                let fields: [u8; 12] = body
+                    .get(..12)
+                    .and_then(|b| b.try_into().ok())
+                    .ok_or(MessageError::TooShort(buf.len()))?;
+                let addr = u64::from_le_bytes(fields[..8].try_into().unwrap_or_default());
+                let rkey = u32::from_le_bytes(fields[8..].try_into().unwrap_or_default());
+                Message::Cts {
+                    transfer,
+                    addr,
+                    rkey,
+                }
+            }
+            other => return Err(MessageError::UnknownKind(other)),
+        };
+        Ok((message, credits))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rankweave_core::ContextId;
+    use rankweave_core::frame::Envelope;
+
+    use super::*;
+
+    fn envelope(len: u64) -> Envelope {
+        Envelope {
+            context: ContextId(3),
+            tag: 9,
+            seq: 4,
+            len,
+        }
+    }
+
+    #[test]
+    fn every_kind_round_trips_with_its_credits() {
+        let messages = [
+            Message::Frame(Frame {
+                header: Header::Eager(envelope(5)),
+                payload: Bytes::from_static(b"hello"),
+            }),
+            Message::Credit,
+            Message::Bye,
+            Message::Rts {
+                transfer: 77,
+                header: Header::Data {
+                    recv_id: 5,
+                    offset: 0,
+                },
+                len: 1 << 26,
+            },
+            Message::Cts {
+                transfer: 77,
+                addr: 0xdead_beef_0000,
+                rkey: 0x1234,
+            },
+        ];
+        for (i, m) in messages.iter().enumerate() {
+            let mut buf = Vec::new();
+            m.encode(i as u16 * 100, &mut buf);
+            if let Message::Frame(f) = m {
+                assert_eq!(buf.len(), Message::frame_len(f));
+            }
+            assert_eq!(
+                Message::decode(Bytes::from(buf)),
+                Ok((m.clone(), i as u16 * 100))
+            );
+        }
+    }
+
+    #[test]
+    fn garbage_is_an_error_not_a_panic() {
+        assert_eq!(
+            Message::decode(Bytes::from_static(&[MAGIC, 1])),
+            Err(MessageError::TooShort(2))
+        );
+        assert_eq!(
+            Message::decode(Bytes::from_static(&[0, 1, 0, 0, 0, 0, 0, 0])),
+            Err(MessageError::BadMagic(0))
+        );
+        assert_eq!(
+            Message::decode(Bytes::from_static(&[MAGIC, 9, 0, 0, 0, 0, 0, 0])),
+            Err(MessageError::UnknownKind(9))
+        );
+        let mut rts = Vec::new();
+        Message::Rts {
+            transfer: 1,
+            header: Header::Eager(envelope(100)),
+            len: 100,
+        }
+        .encode(0, &mut rts);
+        // Every truncation of a valid message is rejected.
+        for cut in 0..rts.len() {
+            assert!(
+                Message::decode(Bytes::copy_from_slice(&rts[..cut])).is_err(),
+                "cut at {cut}"
+            );
+        }
+        // A length that disagrees with the frame header.
+        rts[8] ^= 1;
+        assert!(matches!(
+            Message::decode(Bytes::from(rts)),
+            Err(MessageError::LengthMismatch { .. })
+        ));
+    }
+}

@@ -1,0 +1,335 @@
+//! The RC transport over the simulated fabric: eager traffic, credits, rendezvous, failures,
+//! and communicators on top.
+
+use bytes::Bytes;
+use rankweave_core::frame::{Envelope, Frame, Header};
+use rankweave_core::{Arrival, ContextId, Source, Tag, Transport};
+
+use super::*;
+
+fn frame(seq: u64, payload: Bytes) -> Frame {
+    Frame {
+        header: Header::Eager(Envelope {
+            context: ContextId(1),
+            tag: 7,
+            seq,
+            len: payload.len() as u64,
+        }),
+        payload,
+    }
+}
+
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn job(n: usize, settings: RcSettings) -> (SimFabric, Vec<RcTransport<SimProvider>>) {
+    let fabric = SimFabric::default();
+    let providers = (0..n).map(|_| fabric.open_port()).collect();
+    (fabric, connect_job(providers, settings).unwrap())
+}
+
+/// Drains `t` until `want` frames came (and progresses the other ranks meanwhile); panics
+/// after many rounds without them.
+fn collect_frames(ranks: &[RcTransport<SimProvider>], at: usize, want: usize) -> Vec<(u32, Frame)> {
+    let mut got = Vec::new();
+    let mut out = Vec::new();
+    for _ in 0..10_000 {
+        for (i, r) in ranks.iter().enumerate() {
+            if i != at {
+                r.progress().unwrap();
+            }
+        }
+        ranks[at].drain(&mut out).unwrap();
+        for a in out.drain(..) {
+            match a {
+                Arrival::Frame { from, frame } => got.push((from, frame)),
+                Arrival::PeerLost { rank } => panic!("rank {rank} lost"),
+            }
+        }
+        if got.len() >= want {
+            return got;
+        }
+    }
+    panic!("only {} of {want} frames arrived", got.len());
+}
+
+#[test]
+fn eager_frames_arrive_in_order_and_intact() {
+    let (fabric, ranks) = job(3, RcSettings::default());
+    for seq in 0..500u64 {
+        let len = (seq as usize * 37) % 4000;
+        ranks[0]
+            .send(2, frame(seq, Bytes::from(pattern(seq, len))))
+            .unwrap();
+        ranks[1]
+            .send(2, frame(seq, Bytes::from(pattern(seq + 1000, 10))))
+            .unwrap();
+    }
+    let got = collect_frames(&ranks, 2, 1000);
+    for from in [0u32, 1] {
+        let seqs: Vec<u64> = got
+            .iter()
+            .filter(|(f, _)| *f == from)
+            .map(|(_, fr)| match fr.header {
+                Header::Eager(e) => e.seq,
+                _ => u64::MAX,
+            })
+            .collect();
+        assert_eq!(seqs, (0..500).collect::<Vec<_>>(), "order from rank {from}");
+    }
+    for (from, fr) in &got {
+        let Header::Eager(e) = fr.header else {
+            panic!("not eager")
+        };
+        let (seed, len) = if *from == 0 {
+            (e.seq, (e.seq as usize * 37) % 4000)
+        } else {
+            (e.seq + 1000, 10)
+        };
+        assert_eq!(&fr.payload[..], &pattern(seed, len)[..]);
+    }
+    let c = ranks[0].counters();
+    assert_eq!(c.channels.eager_sent, 500);
+    assert_eq!(c.channels.rendezvous_sent, 0);
+    assert_eq!(
+        fabric.counters().rnr_naks,
+        0,
+        "credits kept every send covered"
+    );
+}
+
+/// A receiver that does not look at its completion queue reposts nothing: the sender runs
+/// out of credits (keeping the last one in reserve), queues instead of overrunning the
+/// receiver (no RNR), and everything flows once the receiver takes its messages in.
+#[test]
+fn credit_exhaustion_stalls_the_sender_without_rnr_and_recovers() {
+    let settings = RcSettings {
+        window: 4,
+        ..RcSettings::default()
+    };
+    let (fabric, ranks) = job(2, settings);
+    for seq in 0..40 {
+        ranks[0]
+            .send(1, frame(seq, Bytes::from(vec![seq as u8; 100])))
+            .unwrap();
+        ranks[0].progress().unwrap();
+    }
+    assert_eq!(
+        ranks[0].credits_for(1),
+        Some(1),
+        "one credit kept in reserve"
+    );
+    let before = ranks[0].counters();
+    assert_eq!(before.channels.eager_sent, 3, "window 4 minus the reserve");
+    assert!(before.channels.credit_stalls >= 1);
+    assert_eq!(fabric.counters().rnr_naks, 0);
+
+    let got = collect_frames(&ranks, 1, 40);
+    let seqs: Vec<u8> = got.iter().map(|(_, f)| f.payload[0]).collect();
+    assert_eq!(seqs, (0..40).collect::<Vec<u8>>());
+    assert_eq!(fabric.counters().rnr_naks, 0);
+    // Rank 1 sends nothing: it returned credits in credit-only messages.
+    assert!(ranks[1].counters().channels.credit_updates_sent >= 1);
+    // And the sender ends with its window back, minus what rank 1 still owes (below the
+    // update threshold).
+    ranks[0].progress().unwrap();
+    assert!(ranks[0].credits_for(1).unwrap() >= 2);
+}
+
+/// Both ranks flood each other with tiny windows: neither may deadlock.
+#[test]
+fn both_directions_at_once_with_a_tiny_window_do_not_deadlock() {
+    let settings = RcSettings {
+        window: 4,
+        send_buffers: 2,
+        ..RcSettings::default()
+    };
+    let (fabric, ranks) = job(2, settings);
+    for seq in 0..200 {
+        ranks[0]
+            .send(1, frame(seq, Bytes::from(vec![1; 50])))
+            .unwrap();
+        ranks[1]
+            .send(0, frame(seq, Bytes::from(vec![2; 50])))
+            .unwrap();
+    }
+    let mut got = [0usize; 2];
+    let mut out = Vec::new();
+    for _ in 0..10_000 {
+        for (i, r) in ranks.iter().enumerate() {
+            r.drain(&mut out).unwrap();
+            got[i] += out
+                .drain(..)
+                .filter(|a| matches!(a, Arrival::Frame { .. }))
+                .count();
+        }
+        if got == [200, 200] {
+            break;
+        }
+    }
+    assert_eq!(got, [200, 200]);
+    assert_eq!(fabric.counters().rnr_naks, 0);
+}
+
+/// A 64 MiB frame goes by rendezvous (RDMA write with immediate data) between eager frames and
+/// arrives intact and in its place.
+#[test]
+fn a_64_mib_rendezvous_arrives_intact_and_in_order() {
+    let (fabric, ranks) = job(2, RcSettings::default());
+    let big = Bytes::from(pattern(42, 64 << 20));
+    ranks[0]
+        .send(1, frame(0, Bytes::from_static(b"before")))
+        .unwrap();
+    ranks[0].send(1, frame(1, big.clone())).unwrap();
+    ranks[0]
+        .send(1, frame(2, Bytes::from_static(b"after")))
+        .unwrap();
+    let got = collect_frames(&ranks, 1, 3);
+    assert_eq!(&got[0].1.payload[..], b"before");
+    assert_eq!(got[1].1.payload.len(), 64 << 20);
+    assert!(got[1].1.payload == big, "64 MiB differ");
+    assert_eq!(&got[2].1.payload[..], b"after");
+    let c = ranks[0].counters();
+    assert_eq!(c.channels.rendezvous_sent, 1);
+    assert_eq!(c.channels.rdma_bytes_sent, 64 << 20);
+    assert_eq!(fabric.counters().rdma_bytes, 64 << 20);
+}
+
+/// Large payloads are written in pieces of at most `max_write` bytes; only the last carries
+/// the immediate data, and the receiver sees the whole payload.
+#[test]
+fn a_payload_larger_than_one_write_goes_in_pieces() {
+    let settings = RcSettings {
+        max_write: 1000,
+        ..RcSettings::default()
+    };
+    let (_, ranks) = job(2, settings);
+    let big = Bytes::from(pattern(7, 10_500));
+    ranks[0].send(1, frame(0, big.clone())).unwrap();
+    let got = collect_frames(&ranks, 1, 1);
+    assert_eq!(got[0].1.payload, big);
+}
+
+/// Sending the same payload twice reuses its registration.
+#[test]
+fn the_registration_cache_serves_a_repeated_payload() {
+    let (_, ranks) = job(2, RcSettings::default());
+    let big = Bytes::from(pattern(1, 1 << 20));
+    ranks[0].send(1, frame(0, big.clone())).unwrap();
+    collect_frames(&ranks, 1, 1);
+    ranks[0].send(1, frame(1, big.clone())).unwrap();
+    collect_frames(&ranks, 1, 1);
+    let c = ranks[0].counters().mr_cache;
+    assert_eq!((c.misses, c.hits), (1, 1));
+}
+
+/// A peer whose port fails is reported lost once a send to it fails.
+#[test]
+fn a_failed_port_makes_the_peer_lost() {
+    let (fabric, ranks) = job(2, RcSettings::default());
+    fabric.fail_port(2);
+    ranks[0]
+        .send(1, frame(0, Bytes::from_static(b"x")))
+        .unwrap();
+    let mut out = Vec::new();
+    ranks[0].drain(&mut out).unwrap();
+    assert!(
+        out.iter()
+            .any(|a| matches!(a, Arrival::PeerLost { rank: 1 })),
+        "{out:?}"
+    );
+    assert!(ranks[0].counters().failed_completions >= 1);
+    // Later frames to it are dropped without an error.
+    assert_eq!(ranks[0].send(1, frame(1, Bytes::new())), Ok(()));
+}
+
+/// A closing rank's frames arrive before its loss is reported; it drains.
+#[test]
+fn close_delivers_everything_then_reports_the_peer_lost() {
+    let (_, ranks) = job(2, RcSettings::default());
+    for seq in 0..10 {
+        ranks[0]
+            .send(1, frame(seq, Bytes::from(vec![seq as u8; 20_000])))
+            .unwrap();
+    }
+    ranks[0].close();
+    let mut arrivals = Vec::new();
+    for _ in 0..1000 {
+        ranks[1].drain(&mut arrivals).unwrap();
+        ranks[0].progress().unwrap();
+        if arrivals
+            .iter()
+            .any(|a| matches!(a, Arrival::PeerLost { .. }))
+        {
+            break;
+        }
+    }
+    assert_eq!(arrivals.len(), 11, "{arrivals:?}");
+    for (i, a) in arrivals[..10].iter().enumerate() {
+        let Arrival::Frame { frame, .. } = a else {
+            panic!("{a:?}")
+        };
+        assert_eq!(frame.payload[0], i as u8);
+    }
+    assert!(matches!(arrivals[10], Arrival::PeerLost { rank: 0 }));
+    assert!(ranks[0].is_drained());
+    assert_eq!(
+        ranks[0].send(1, frame(0, Bytes::new())),
+        Err(rankweave_core::TransportError::Closed)
+    );
+}
+
+#[test]
+fn bad_settings_and_ranks_are_errors() {
+    let fabric = SimFabric::default();
+    let bad = RcSettings {
+        window: 2,
+        ..RcSettings::default()
+    };
+    assert!(matches!(
+        rc::PreparedRc::new(fabric.open_port(), 0, 2, bad),
+        Err(VerbsError::InvalidSetting(_))
+    ));
+    let (_, ranks) = job(2, RcSettings::default());
+    assert_eq!(
+        ranks[0].send(5, frame(0, Bytes::new())),
+        Err(rankweave_core::TransportError::PeerUnreachable(5))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn communicators_exchange_messages_of_every_size() {
+    let comms = simulated_world(3, &Config::default()).unwrap();
+    let sizes = [0usize, 1, 100, 8 * 1024, 64 * 1024, 1 << 20, 9 << 20];
+    let mut tasks = tokio::task::JoinSet::new();
+    for comm in comms {
+        tasks.spawn(async move {
+            let me = comm.rank();
+            let n = comm.size();
+            let next = (me + 1) % n;
+            let prev = (me + n - 1) % n;
+            for (i, &len) in sizes.iter().enumerate() {
+                let send = comm.send(next, i as u32, pattern((me * 100 + i) as u64, len));
+                let msg = comm
+                    .recv(Source::Rank(prev), Tag::Value(i as u32))
+                    .await
+                    .unwrap();
+                send.await.unwrap();
+                assert_eq!(msg.data(), &pattern((prev * 100 + i) as u64, len)[..]);
+            }
+            comm.shutdown().await;
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r.unwrap();
+    }
+}
