@@ -9,7 +9,8 @@
 #   target/bench-c/openmpi/<program>  built with mpicc.openmpi
 # where <program> is osu_<name> for the OSU benchmarks and rw_<name> for the
 # two OSU does not have, plus symlinks named like rw-bench's subcommands
-# (latency -> osu_latency, mr -> osu_mbw_mr, ring -> rw_ring, ...).  A program is rebuilt only when a source is newer.
+# (latency -> osu_latency, mr -> osu_mbw_mr, ring -> rw_ring, ...; bcast_skew ->
+# rw_bcast_skew, the C side of `rw-bench bcast --skew`).  A program is rebuilt only when a source is newer.
 # Extra compiler flags: EXTRA_CFLAGS (e.g. EXTRA_CFLAGS=-Werror).
 set -euo pipefail
 
@@ -37,6 +38,7 @@ benches=(
     alltoall:osu_alltoall
     ring:rw_ring
     p2pbarrier:rw_p2pbarrier
+    bcast_skew:rw_bcast_skew
     startup:mpi_startup
 )
 

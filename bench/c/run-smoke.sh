@@ -4,7 +4,7 @@
 # Builds everything (bench/c/build.sh), then runs every program once with
 # MPICH and with Open MPI at tiny sizes and few iterations
 # (-m 1:64 -i 10 -x 2; barrier and p2pbarrier take no -m): point-to-point
-# with 2 ranks, collectives, ring and p2pbarrier with 2 ranks and with 4
+# with 2 ranks, collectives, ring, p2pbarrier and bcast_skew with 2 ranks and with 4
 # ranks (oversubscribed on small machines).  A run passes when it exits 0 within the time limit and prints
 # at least one data row.  Measured numbers are not checked.
 #
@@ -35,7 +35,7 @@ mkdir -p "$logdir"
 
 small=(-m 1:64 -i 10 -x 2)
 pt2pt=(latency bw bibw mr)
-collectives=(barrier bcast reduce allreduce allgather alltoall ring p2pbarrier)
+collectives=(barrier bcast reduce allreduce allgather alltoall ring p2pbarrier bcast_skew)
 
 # Open MPI refuses to run as root unless told twice.
 if [[ "$(id -u)" -eq 0 ]]; then

@@ -77,6 +77,11 @@ pub struct Plan {
     pub impls: Vec<Impl>,
     /// Run the start-up benchmark for these process counts instead of the OSU benchmarks.
     pub startup: Option<Vec<usize>>,
+    /// Run the multicast broadcast benchmark for these rank counts instead (`--mcast`).
+    pub mcast: Option<Vec<usize>>,
+    /// The directory holding `rwrun`, `rw-bench` and `examples/startup` (cargo's release
+    /// directory).
+    pub bins: PathBuf,
 }
 
 /// One measurement's samples: (config, bench, impl) → size → figures of every round.
@@ -106,27 +111,26 @@ fn osu_flags(plan: &Plan, config: Config, bench: &str) -> Vec<String> {
 fn command(plan: &Plan, imp: Impl, config: Config, bench: &str) -> Result<Command, String> {
     let n = config.ranks().to_string();
     let root = &plan.root;
+    let bins = &plan.bins;
     let flags = osu_flags(plan, config, bench);
     let pinned = config == Config::Shm;
     let mut cmd = match imp {
         Impl::Rankweave if config == Config::Udp => {
             // One process per rank, as the MPIs run, over UDP with the reliability layer.
-            let mut c = Command::new(root.join("target/release/rwrun"));
+            let mut c = Command::new(bins.join("rwrun"));
             c.args(["-n", &n, "--transport", "udp", "--no-tag-output", "--"])
-                .arg(root.join("target/release/rw-bench"))
+                .arg(bins.join("rw-bench"))
                 .arg(bench);
             c
         }
         Impl::Rankweave => {
             // One process per rank on this host: rwrun's default transport is shared memory.
-            let mut c = Command::new(root.join("target/release/rwrun"));
+            let mut c = Command::new(bins.join("rwrun"));
             c.args(["-n", &n, "--no-tag-output"]);
             if pinned {
                 c.args(["--bind-to", "core"]);
             }
-            c.arg("--")
-                .arg(root.join("target/release/rw-bench"))
-                .arg(bench);
+            c.arg("--").arg(bins.join("rw-bench")).arg(bench);
             c
         }
         Impl::Mpich => {

@@ -17,13 +17,12 @@ pub const DEFAULT_PROCS: [usize; 4] = [2, 8, 32, 64];
 
 const LIMIT: Duration = Duration::from_secs(300);
 
-fn command(root: &Path, imp: Impl, n: usize) -> Command {
+fn command(root: &Path, bins: &Path, imp: Impl, n: usize) -> Command {
     let n = n.to_string();
     match imp {
         Impl::Rankweave => {
-            let mut c = Command::new(root.join("target/release/rwrun"));
-            c.args(["-n", &n, "--"])
-                .arg(root.join("target/release/examples/startup"));
+            let mut c = Command::new(bins.join("rwrun"));
+            c.args(["-n", &n, "--"]).arg(bins.join("examples/startup"));
             c
         }
         Impl::Mpich => {
@@ -44,8 +43,8 @@ fn command(root: &Path, imp: Impl, n: usize) -> Command {
 }
 
 /// One launch: seconds from spawning the launcher to its exit.
-fn measure(root: &Path, imp: Impl, n: usize) -> Result<f64, String> {
-    let mut cmd = command(root, imp, n);
+fn measure(root: &Path, bins: &Path, imp: Impl, n: usize) -> Result<f64, String> {
+    let mut cmd = command(root, bins, imp, n);
     let started = Instant::now();
     let out = run_with_timeout(&mut cmd, LIMIT)?;
     let secs = started.elapsed().as_secs_f64();
@@ -72,7 +71,7 @@ pub fn execute(plan: &Plan, procs: &[usize]) -> Result<(), String> {
                 if gaps.contains_key(&(n, imp)) {
                     continue;
                 }
-                match measure(&plan.root, imp, n) {
+                match measure(&plan.root, &plan.bins, imp, n) {
                     Ok(s) => {
                         eprintln!("  {:<9} -n {n:<3} {s:.3} s", imp.name());
                         samples.entry((n, imp)).or_default().push(s);

@@ -206,6 +206,10 @@ pub struct Options {
     pub window: usize,
     /// `-f`: collectives also print min / max latency and the iteration count.
     pub full: bool,
+    /// `--skew` (bcast only): per iteration a barrier, then the broadcast; every rank records
+    /// its completion instant and rank 0 also reports the median per-rank completion skew and
+    /// the median time to the last rank's completion.
+    pub skew: bool,
     /// Whether rank 0 prints as it goes (the binary does; tests do not).
     pub print: bool,
     /// How the ranks were started, for the first output line ("in-process", ...).
@@ -227,6 +231,7 @@ impl Options {
             warmup_large: d.warmup_large,
             window: DEFAULT_WINDOW,
             full: false,
+            skew: false,
             print: true,
             launch: "in-process".into(),
         }
@@ -280,6 +285,7 @@ pub fn parse<S: AsRef<str>>(args: &[S]) -> Result<Command, BenchError> {
     let mut window = None;
     let mut ranks = None;
     let mut full = false;
+    let mut skew = false;
     let mut help = false;
 
     let mut i = 0;
@@ -340,6 +346,10 @@ pub fn parse<S: AsRef<str>>(args: &[S]) -> Result<Command, BenchError> {
             "f" | "full" => {
                 no_value(arg, attached)?;
                 full = true;
+            }
+            "skew" => {
+                no_value(arg, attached)?;
+                skew = true;
             }
             "m" | "message-size" => {
                 let v = value_for(arg, attached)?;
@@ -448,6 +458,20 @@ pub fn parse<S: AsRef<str>>(args: &[S]) -> Result<Command, BenchError> {
         )));
     }
     opts.full = full;
+    if skew {
+        if bench != Bench::Bcast {
+            return Err(usage(format!(
+                "--skew does not apply to `{}` (only bcast measures completion skew)",
+                bench.name()
+            )));
+        }
+        if full {
+            return Err(usage(
+                "--skew and -f do not combine (--skew prints its own columns)",
+            ));
+        }
+    }
+    opts.skew = skew;
     if let Some(n) = ranks {
         check_ranks(bench, n)?;
     }
@@ -590,6 +614,15 @@ OPTIONS (OSU's, where they apply):
                                at most 4096)
     -f, --full                 collectives, ring and p2pbarrier: also print min and
                                max latency over the ranks and the iteration count
+    --skew                     bcast only: per iteration a barrier, then rank 0 takes
+                               t0 (CLOCK_MONOTONIC) and broadcasts, and every rank
+                               records the instant its broadcast completed (one clock:
+                               every rank is on this host). Columns: Avg Latency(us)
+                               as without --skew, Skew(us) = median over iterations of
+                               max - min completion over the non-root ranks (0 on 2
+                               ranks), Last(us) = median of the last non-root
+                               completion - t0. Instants are gathered after the
+                               iterations, untimed. C baseline: rw_bcast_skew
     --ranks N                  in-process runs only: number of ranks (default 2; every
                                benchmark needs at least 2; latency, bw and bibw use
                                ranks 0 and 1 while the others only join the barriers)
@@ -611,14 +644,17 @@ OUTPUT:
 
 RUNNING:
     Without a launcher, rw-bench runs its ranks in this process (tokio tasks over
-    the in-process transport; --ranks N). Under rwrun or mpiexec each process is one
-    rank (launcher support in rankweave is still to come: until then such a run
-    stops with an error).
+    the in-process transport; --ranks N). Under rwrun, mpiexec.mpich or
+    mpirun.openmpi each process is one rank, on a current-thread runtime.
 
 ENVIRONMENT:
     RANKWEAVE_PROGRESS (spin | spin-then-park | park), RANKWEAVE_SPIN_US,
-    RANKWEAVE_EAGER_LIMIT, RANKWEAVE_UNEXPECTED_LIMIT, RANKWEAVE_MAX_FRAME and
-    RANKWEAVE_TRANSPORT are read as by any rankweave program (Config::from_env).
+    RANKWEAVE_SPIN_YIELD, RANKWEAVE_EAGER_LIMIT, RANKWEAVE_UNEXPECTED_LIMIT,
+    RANKWEAVE_MAX_FRAME, RANKWEAVE_TRANSPORT and the collectives' choices such as
+    RANKWEAVE_BCAST (binomial | multicast | channels | ...) and
+    RANKWEAVE_MCAST_MIN_RANKS are read as by any rankweave program
+    (Config::from_env). With RANKWEAVE_BCAST=multicast or channels, bcast --skew
+    ends with a comment line of the multicast counters summed over the ranks.
 
 EXIT STATUS:
     0 success; 1 a run-time failure; 2 a bad command line or a bad RANKWEAVE_* value.

@@ -63,6 +63,8 @@ pub struct Report {
     pub preamble: String,
     pub header: String,
     pub rows: Vec<Row>,
+    /// Comment lines (each starting with `#`) printed after the rows.
+    pub notes: Vec<String>,
 }
 
 impl Report {
@@ -71,6 +73,10 @@ impl Report {
         let mut s = format!("{}\n{}\n", self.preamble, self.header);
         for r in &self.rows {
             s.push_str(&r.format());
+            s.push('\n');
+        }
+        for n in &self.notes {
+            s.push_str(n);
             s.push('\n');
         }
         s
@@ -97,6 +103,15 @@ pub fn header(bench: Bench, full: bool) -> String {
         ));
     }
     h
+}
+
+/// The column header of `bcast --skew`: OSU's average latency, then the two medians over the
+/// iterations (per-rank completion skew, and the last rank's completion after the root's t0).
+pub fn skew_header() -> String {
+    format!(
+        "{:<SIZE_WIDTH$}{:>FIELD_WIDTH$}{:>FIELD_WIDTH$}{:>FIELD_WIDTH$}",
+        "# Size", "Avg Latency(us)", "Skew(us)", "Last(us)"
+    )
 }
 
 fn progress_name(p: ProgressPolicy) -> &'static str {
@@ -127,6 +142,12 @@ pub fn preamble(comm: &Communicator, opts: &Options) -> String {
     }
     if bench.windowed() {
         parts.push(format!("window size: {}", opts.window));
+    }
+    if opts.skew {
+        parts.push(format!(
+            "completion skew over the {} non-root ranks (medians over the iterations)",
+            n.saturating_sub(1)
+        ));
     }
     let progress = match cfg.progress {
         ProgressPolicy::SpinThenPark => format!(
@@ -173,8 +194,13 @@ impl Reporter {
         }
         let report = Report {
             preamble: preamble(comm, opts),
-            header: header(opts.bench, opts.full),
+            header: if opts.skew {
+                skew_header()
+            } else {
+                header(opts.bench, opts.full)
+            },
             rows: Vec::new(),
+            notes: Vec::new(),
         };
         if opts.print {
             print_line(&report.preamble);
@@ -193,6 +219,16 @@ impl Reporter {
                 print_line(&row.format());
             }
             report.rows.push(row);
+        }
+    }
+
+    /// Adds a comment line after the rows (rank 0 only; ignored elsewhere).
+    pub fn note(&mut self, line: String) {
+        if let Some(report) = &mut self.report {
+            if self.print {
+                print_line(&line);
+            }
+            report.notes.push(line);
         }
     }
 

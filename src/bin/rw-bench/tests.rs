@@ -3,6 +3,7 @@
 use rankweave::Config;
 
 use crate::cli::{self, Bench, Command, Options};
+use crate::collective::{median, skew_medians};
 use crate::error::BenchError;
 use crate::exchange::dissemination_rounds;
 use crate::report::{self, Report, Row};
@@ -34,8 +35,13 @@ fn usage_error(args: &[&str]) -> String {
 
 /// Runs the rank body on `n` in-process ranks and returns rank 0's report.
 async fn bench(n: usize, args: &[&str]) -> Report {
+    bench_with(Config::default(), n, args).await
+}
+
+/// [`bench`] with a configuration of its own.
+async fn bench_with(config: Config, n: usize, args: &[&str]) -> Report {
     let opts = options(args);
-    let results = rankweave::local_with(Config::default(), n, move |comm| run(comm, opts.clone()))
+    let results = rankweave::local_with(config, n, move |comm| run(comm, opts.clone()))
         .await
         .expect("the job runs");
     let mut reports = Vec::new();
@@ -169,6 +175,80 @@ async fn bcast_reports_every_size() {
     }
 }
 
+/// `bcast --skew`: a row per size with the average latency, the median skew and the median
+/// last completion; the skew of 2 ranks is 0 (one non-root rank), and last ≥ skew (every
+/// completion is after the root's t0, iteration by iteration, so the medians keep the order).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bcast_skew_reports_latency_skew_and_last() {
+    let report = bench(4, &["bcast", "--skew", "-m", "8:64", "-i", "5", "-x", "1"]).await;
+    assert_eq!(report.header, report::skew_header());
+    assert!(report.header.ends_with("Skew(us)            Last(us)"));
+    assert!(
+        report
+            .preamble
+            .contains("completion skew over the 3 non-root ranks")
+    );
+    let sizes: Vec<_> = report.rows.iter().map(|r| r.size).collect();
+    assert_eq!(sizes, [8, 16, 32, 64].map(Some), "{}", report.to_text());
+    for row in &report.rows {
+        let [latency, skew, last] = row.values[..] else {
+            panic!("three figures: {row:?}");
+        };
+        assert!(latency > 0.0 && skew >= 0.0 && last >= skew, "{row:?}");
+        assert!(last < 10e6, "a broadcast of 64 bytes took 10 s: {row:?}");
+    }
+    // No multicast broadcast ran, so no counter line.
+    assert!(report.notes.is_empty(), "{:?}", report.notes);
+    let report = bench(2, &["bcast", "--skew", "-m", "1k:1k", "-i", "3", "-x", "0"]).await;
+    assert_eq!(report.rows.len(), 1);
+    assert_eq!(
+        report.rows[0].values[1], 0.0,
+        "one non-root rank has no skew"
+    );
+    assert!(report.rows[0].values[2] > 0.0);
+}
+
+/// `bcast --skew` over the two-stage multicast broadcast (in-process ranks join a group on
+/// loopback too): a sane row, and the counter line says multicast carried the fragments.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bcast_skew_over_multicast_prints_the_counters() {
+    let mut config = Config::default();
+    config.collectives.bcast = Some(rankweave::core::tuning::BcastAlgorithm::Multicast);
+    config.multicast.min_ranks = 2;
+    let report = bench_with(
+        config,
+        3,
+        &["bcast", "--skew", "-m", "64k:64k", "-i", "4", "-x", "1"],
+    )
+    .await;
+    assert_eq!(report.rows.len(), 1, "{}", report.to_text());
+    let [latency, skew, last] = report.rows[0].values[..] else {
+        panic!("three figures: {report:?}");
+    };
+    assert!(latency > 0.0 && skew >= 0.0 && last >= skew, "{report:?}");
+    assert_eq!(report.notes.len(), 1, "{report:?}");
+    assert!(
+        report.notes[0].starts_with("# multicast counters (sum over 3 ranks"),
+        "{:?}",
+        report.notes
+    );
+    assert!(report.notes[0].contains(" fragments multicast"));
+}
+
+#[test]
+fn skew_is_the_spread_of_the_non_root_completions() {
+    // Two iterations, t0 at 0 and 100 µs; ranks 1 and 2 complete at (10, 30) and (150, 120) µs.
+    let t0 = [0, 100_000];
+    let done = [vec![10_000, 150_000], vec![30_000, 120_000]];
+    let (skew, last) = skew_medians(&t0, &done);
+    // Skews 20 and 30 µs, last completions 30 and 50 µs after t0: medians of two are means.
+    assert_eq!((skew, last), (25.0, 40.0));
+    let (skew, last) = skew_medians(&t0[..1], &done[..1]);
+    assert_eq!((skew, last), (0.0, 10.0));
+    assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
+    assert_eq!(median(&mut []), 0.0);
+}
+
 /// The sized collectives run at small sizes and print one row per size.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sized_collectives_print_a_row_per_size() {
@@ -288,6 +368,10 @@ fn unknown_subcommands_and_bad_flags_are_usage_errors() {
     assert!(usage_error(&["latency", "--ranks"]).contains("--ranks needs a value"));
     assert!(usage_error(&["latency", "--help=yes"]).contains("takes no value"));
     assert!(usage_error(&["-é"]).contains("unknown option"));
+    assert!(usage_error(&["latency", "--skew"]).contains("--skew does not apply to `latency`"));
+    assert!(usage_error(&["barrier", "--skew"]).contains("only bcast"));
+    assert!(usage_error(&["bcast", "--skew", "-f"]).contains("do not combine"));
+    assert!(usage_error(&["bcast", "--skew=yes"]).contains("takes no value"));
 }
 
 #[test]
@@ -317,6 +401,9 @@ fn flags_parse_like_osu() {
     assert_eq!(options(&["p2pbarrier", "-f"]).bench, Bench::P2pBarrier);
     let o = options(&["ring", "-m", "8:8"]);
     assert_eq!(o.sizes(), [8]);
+    let o = options(&["bcast", "--skew", "-m", "8:8"]);
+    assert!(o.skew && !o.full);
+    assert!(!options(&["bcast"]).skew);
 }
 
 #[test]
