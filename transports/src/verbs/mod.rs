@@ -16,6 +16,7 @@
 //! in simulation and what has not run on hardware yet.
 
 pub mod channel;
+pub mod connection_manager;
 pub mod credits;
 #[cfg(feature = "verbs")]
 pub mod device;
@@ -25,6 +26,7 @@ pub mod message;
 pub mod mr_cache;
 pub mod provider;
 pub mod rc;
+pub mod shared_port;
 pub mod sim;
 
 use std::sync::Arc;

@@ -125,6 +125,8 @@ mod wr {
 
 struct Peer {
     qp: QpNum,
+    /// The peer's queue pair this one is connected to (`None`: not yet, nothing is posted).
+    remote: Option<QpAddress>,
     channel: RcChannel,
     recv_region: MemoryRegion,
     failed: bool,
@@ -141,72 +143,18 @@ impl<P: Provider> PreparedRc<P> {
     /// Creates one RC queue pair per peer of rank `rank` in a `size`-rank job on `provider`,
     /// registers the buffers and posts the receives.
     pub fn new(
-        mut provider: P,
+        provider: P,
         rank: u32,
         size: u32,
         settings: RcSettings,
     ) -> Result<PreparedRc<P>, VerbsError> {
-        settings.validate()?;
-        let len = settings.buffer_len;
-        let caps = QpCaps {
-            max_send_wr: settings.window * 2 + 16,
-            max_recv_wr: settings.window,
-            rnr_retry: 7,
-        };
-        let mut peers = Vec::with_capacity(size as usize);
-        let mut by_qp = FxHashMap::default();
+        let mut state = State::new(provider, rank, size, settings)?;
         for peer in 0..size {
-            if peer == rank {
-                peers.push(None);
-                continue;
+            if peer != rank {
+                state.open_peer(peer)?;
             }
-            let qp = provider.create_qp(QpKind::Rc, caps)?;
-            let recv_region =
-                provider.register(Buffer::Owned(vec![0; len * settings.window as usize]))?;
-            for slot in 0..settings.window {
-                provider.post_recv(
-                    qp,
-                    wr::id(wr::RECV, peer, slot),
-                    Sge {
-                        mr: recv_region.id,
-                        offset: slot as usize * len,
-                        len,
-                    },
-                )?;
-            }
-            by_qp.insert(qp, peer);
-            peers.push(Some(Peer {
-                qp,
-                channel: RcChannel::new(ChannelConfig {
-                    window: settings.window,
-                    buffer_len: len,
-                    max_transfer: settings.max_transfer,
-                }),
-                recv_region,
-                failed: false,
-                lost_reported: false,
-            }));
         }
-        let send_region =
-            provider.register(Buffer::Owned(vec![0; len * settings.send_buffers as usize]))?;
-        Ok(PreparedRc {
-            state: State {
-                rank,
-                settings,
-                cache: MrCache::new(settings.mr_cache_bytes),
-                free_send: (0..settings.send_buffers).rev().collect(),
-                send_region,
-                provider,
-                peers,
-                by_qp,
-                writes: FxHashMap::default(),
-                next_write: 0,
-                arrivals: VecDeque::new(),
-                completions: Vec::new(),
-                closed_at: None,
-                counters: RcCounters::default(),
-            },
-        })
+        Ok(PreparedRc { state })
     }
 
     /// The address of this rank's queue pair for `peer` (`None` for itself or out of range).
@@ -221,13 +169,19 @@ impl<P: Provider> PreparedRc<P> {
     /// Connects every queue pair: `remotes[peer]` is `peer`'s queue pair for this rank.
     pub fn connect(mut self, remotes: &[Option<QpAddress>]) -> Result<RcTransport<P>, VerbsError> {
         let size = self.state.peers.len();
+        let mut pending = Vec::new();
         for (peer, slot) in self.state.peers.iter().enumerate() {
-            let Some(p) = slot else { continue };
+            if slot.is_none() {
+                continue;
+            }
             let remote =
                 remotes.get(peer).copied().flatten().ok_or_else(|| {
                     VerbsError::InvalidSetting(format!("no address for rank {peer}"))
                 })?;
-            self.state.provider.connect(p.qp, remote, 0)?;
+            pending.push((peer as u32, remote));
+        }
+        for (peer, remote) in pending {
+            self.state.connect_peer(peer, remote)?;
         }
         Ok(RcTransport {
             rank: self.state.rank,
@@ -293,6 +247,42 @@ impl<P: Provider> RcTransport<P> {
         c
     }
 
+    /// A transport of rank `rank` in a `size`-rank job with no connection yet: queue pairs are
+    /// made by [`open_peer`](Self::open_peer) and connected by
+    /// [`connect_peer`](Self::connect_peer) when the connection manager says so. Frames to a
+    /// peer that is not connected are dropped (the caller sends only to connected peers).
+    pub fn on_demand(
+        provider: P,
+        rank: u32,
+        size: u32,
+        settings: RcSettings,
+    ) -> Result<RcTransport<P>, VerbsError> {
+        Ok(RcTransport {
+            rank,
+            size,
+            state: Mutex::new(State::new(provider, rank, size, settings)?),
+        })
+    }
+
+    /// Creates the queue pair for `peer` with its receive buffers posted, if it has none yet;
+    /// returns its address (what the peer connects to).
+    pub fn open_peer(&self, peer: u32) -> Result<QpAddress, VerbsError> {
+        self.lock().open_peer(peer)
+    }
+
+    /// Connects the queue pair for `peer` (made by [`open_peer`](Self::open_peer)) to the
+    /// peer's `remote`; a repeat with the same `remote` does nothing, another `remote` is an
+    /// error.
+    pub fn connect_peer(&self, peer: u32, remote: QpAddress) -> Result<(), VerbsError> {
+        self.lock().connect_peer(peer, remote)
+    }
+
+    /// Whether the queue pair for `peer` is connected and has not failed.
+    pub fn is_connected(&self, peer: u32) -> bool {
+        let s = self.lock();
+        matches!(s.peers.get(peer as usize), Some(Some(p)) if p.remote.is_some() && !p.failed)
+    }
+
     /// Credits this rank holds for `peer` now (`None` for itself or out of range).
     pub fn credits_for(&self, peer: u32) -> Option<u32> {
         let s = self.lock();
@@ -307,6 +297,109 @@ impl<P: Provider> RcTransport<P> {
 }
 
 impl<P: Provider> State<P> {
+    fn new(
+        mut provider: P,
+        rank: u32,
+        size: u32,
+        settings: RcSettings,
+    ) -> Result<Self, VerbsError> {
+        settings.validate()?;
+        let len = settings.buffer_len;
+        let send_region =
+            provider.register(Buffer::Owned(vec![0; len * settings.send_buffers as usize]))?;
+        Ok(State {
+            rank,
+            settings,
+            cache: MrCache::new(settings.mr_cache_bytes),
+            free_send: (0..settings.send_buffers).rev().collect(),
+            send_region,
+            provider,
+            peers: (0..size).map(|_| None).collect(),
+            by_qp: FxHashMap::default(),
+            writes: FxHashMap::default(),
+            next_write: 0,
+            arrivals: VecDeque::new(),
+            completions: Vec::new(),
+            closed_at: None,
+            counters: RcCounters::default(),
+        })
+    }
+
+    /// Creates the queue pair for `peer` (if it has none yet), registers its receive buffers
+    /// and posts them; returns the queue pair's address.
+    fn open_peer(&mut self, peer: u32) -> Result<QpAddress, VerbsError> {
+        let port = self.provider.port();
+        let slot = self
+            .peers
+            .get(peer as usize)
+            .filter(|_| peer != self.rank)
+            .ok_or_else(|| VerbsError::InvalidSetting(format!("no peer {peer}")))?;
+        if let Some(p) = slot {
+            return Ok(QpAddress { port, qpn: p.qp });
+        }
+        let settings = self.settings;
+        let len = settings.buffer_len;
+        let caps = QpCaps {
+            max_send_wr: settings.window * 2 + 16,
+            max_recv_wr: settings.window,
+            rnr_retry: 7,
+        };
+        let qp = self.provider.create_qp(QpKind::Rc, caps)?;
+        let recv_region =
+            self.provider
+                .register(Buffer::Owned(vec![0; len * settings.window as usize]))?;
+        for slot in 0..settings.window {
+            self.provider.post_recv(
+                qp,
+                wr::id(wr::RECV, peer, slot),
+                Sge {
+                    mr: recv_region.id,
+                    offset: slot as usize * len,
+                    len,
+                },
+            )?;
+        }
+        self.by_qp.insert(qp, peer);
+        self.peers[peer as usize] = Some(Peer {
+            qp,
+            remote: None,
+            channel: RcChannel::new(ChannelConfig {
+                window: settings.window,
+                buffer_len: len,
+                max_transfer: settings.max_transfer,
+            }),
+            recv_region,
+            failed: false,
+            lost_reported: false,
+        });
+        Ok(QpAddress { port, qpn: qp })
+    }
+
+    /// Connects the queue pair for `peer` to `remote`; a repeat with the same `remote` does
+    /// nothing.
+    fn connect_peer(&mut self, peer: u32, remote: QpAddress) -> Result<(), VerbsError> {
+        let Some(Some(p)) = self.peers.get_mut(peer as usize) else {
+            return Err(VerbsError::InvalidSetting(format!(
+                "no queue pair for rank {peer}"
+            )));
+        };
+        match p.remote {
+            Some(r) if r == remote => Ok(()),
+            Some(r) => Err(VerbsError::InvalidSetting(format!(
+                "queue pair for rank {peer} is connected to {r:?}, not {remote:?}"
+            ))),
+            None => {
+                let qp = p.qp;
+                self.provider.connect(qp, remote, 0)?;
+                if let Some(Some(p)) = self.peers.get_mut(peer as usize) {
+                    p.remote = Some(remote);
+                }
+                self.service(peer);
+                Ok(())
+            }
+        }
+    }
+
     fn progress(&mut self) -> Result<(), TransportError> {
         loop {
             let mut batch = std::mem::take(&mut self.completions);
@@ -437,6 +530,7 @@ impl<P: Provider> State<P> {
             return;
         };
         if !p.failed
+            && p.remote.is_some()
             && let Err(e) = self.post_for(peer, &mut p)
         {
             tracing::warn!(peer, error = %e, "verbs: connection failed");
@@ -540,7 +634,7 @@ impl<P: Provider> State<P> {
             .peers
             .iter()
             .flatten()
-            .all(|p| p.failed || p.channel.is_idle());
+            .all(|p| p.failed || p.remote.is_none() || p.channel.is_idle());
         let sends_done = self.free_send.len() == self.settings.send_buffers as usize;
         let expired = self
             .closed_at
