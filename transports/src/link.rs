@@ -185,6 +185,14 @@ impl<C: Carrier> LinkTransport<C> {
         &self.shared.carrier
     }
 
+    /// Whether everything sent to `peer` was acknowledged and nothing waits to be sent (true
+    /// when there is no link to it, or reliability is off). A driver that moves a peer's
+    /// traffic to another transport waits for this, so the peer receives in order.
+    pub fn is_idle_towards(&self, peer: u32) -> bool {
+        let st = self.shared.lock();
+        st.links.get(&peer).is_none_or(ReliableLink::is_idle)
+    }
+
     /// One line per peer link: packets in flight, queued and held, the next timer, whether the
     /// peer is dead, and the route states. For diagnosing a stuck job.
     pub fn describe_links(&self) -> String {

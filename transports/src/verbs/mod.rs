@@ -15,6 +15,7 @@
 //! exactly as they would through an HCA; the book's InfiniBand chapter says what is verified
 //! in simulation and what has not run on hardware yet.
 
+pub mod adaptive;
 pub mod channel;
 pub mod connection_manager;
 pub mod credits;
@@ -28,15 +29,22 @@ pub mod provider;
 pub mod rc;
 pub mod shared_port;
 pub mod sim;
+pub mod sim_job;
+pub mod ud_carrier;
 
 use std::sync::Arc;
 
 use rankweave_core::{Communicator, Config, Error};
 
+pub use adaptive::{AdaptiveSettings, AdaptiveTransport};
 pub use error::VerbsError;
 pub use provider::Provider;
 pub use rc::{RcSettings, RcTransport, connect_job};
+pub use shared_port::{PortHandle, SharedPort};
 pub use sim::{SimFabric, SimProvider};
+pub use sim_job::{
+    SimulatedJob, SimulatedTransports, simulated_adaptive_transports, simulated_adaptive_world,
+};
 
 /// The world communicators of an `n`-rank in-process job whose ranks talk over the RC
 /// transport through a fresh [`SimFabric`] (one port per rank), with `settings`. Must be
@@ -73,3 +81,6 @@ pub fn simulated_world(n: usize, config: &Config) -> Result<Vec<Communicator>, E
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod adaptive_tests;

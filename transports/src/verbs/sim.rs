@@ -23,7 +23,9 @@
 //!   sender).
 //! * **Completions** of one port come out of its one completion queue in the order they were
 //!   generated; a completion wakes the task registered with [`Provider::poll_ready`].
-//! * **Faults**: [`SimFabric::drop_next_datagrams`] loses UD datagrams, [`SimFabric::hold_next_datagram`]
+//! * **Faults**: [`SimFabric::drop_next_datagrams`] loses UD datagrams (and
+//!   [`SimFabric::drop_datagrams_matching`] those with given bytes,
+//!   [`SimFabric::set_datagram_loss`] a random share of all), [`SimFabric::hold_next_datagram`]
 //!   delivers one after the next (reordering), and [`SimFabric::fail_port`] takes a port down:
 //!   its queue pairs' outstanding requests fail ([`CompletionStatus::RetryExceeded`]) and RC
 //!   requests towards it fail the same way when they are executed.
@@ -92,6 +94,8 @@ impl SimFabric {
                 next_key: 1,
                 next_addr: 0x1_0000_0000,
                 drop_datagrams: 0,
+                drop_matching: Vec::new(),
+                loss: None,
                 hold_datagram: false,
                 held: None,
                 counters: SimCounters::default(),
@@ -123,6 +127,26 @@ impl SimFabric {
     /// Drops the next `n` UD datagrams sent anywhere on the fabric.
     pub fn drop_next_datagrams(&self, n: u32) {
         self.lock().drop_datagrams += n;
+    }
+
+    /// Drops the next `n` UD datagrams (unicast or multicast) whose bytes `matches` accepts;
+    /// rules added later apply alongside earlier ones.
+    pub fn drop_datagrams_matching(
+        &self,
+        n: u32,
+        matches: impl Fn(&[u8]) -> bool + Send + 'static,
+    ) {
+        self.lock().drop_matching.push(DropRule {
+            left: n,
+            matches: Box::new(matches),
+        });
+    }
+
+    /// Loses every UD datagram (unicast or multicast) with probability `per_mille` / 1000,
+    /// drawn from a generator seeded with `seed` (deterministic for one sequence of sends);
+    /// 0 turns random loss off.
+    pub fn set_datagram_loss(&self, per_mille: u32, seed: u64) {
+        self.lock().loss = (per_mille > 0).then_some((per_mille.min(1000), seed | 1));
     }
 
     /// Holds the next UD datagram back and delivers it after the one sent after it.
@@ -254,9 +278,29 @@ struct Fabric {
     next_key: u64,
     next_addr: u64,
     drop_datagrams: u32,
+    drop_matching: Vec<DropRule>,
+    /// Random loss: per mille, and the generator's state.
+    loss: Option<(u32, u64)>,
     hold_datagram: bool,
     held: Option<Datagram>,
     counters: SimCounters,
+}
+
+/// Accepts the bytes of the datagrams a [`DropRule`] drops.
+type DatagramFilter = Box<dyn Fn(&[u8]) -> bool + Send>;
+
+/// Drops the next `left` datagrams whose bytes `matches` accepts.
+struct DropRule {
+    left: u32,
+    matches: DatagramFilter,
+}
+
+impl std::fmt::Debug for DropRule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DropRule")
+            .field("left", &self.left)
+            .finish_non_exhaustive()
+    }
 }
 
 fn completion(wr_id: u64, qpn: u32, status: CompletionStatus, kind: CompletionKind) -> Completion {
@@ -616,6 +660,25 @@ impl Fabric {
             self.drop_datagrams -= 1;
             self.counters.datagrams_dropped_fault += 1;
             return;
+        }
+        if let Some(rule) = self
+            .drop_matching
+            .iter_mut()
+            .find(|r| r.left > 0 && (r.matches)(&d.bytes))
+        {
+            rule.left -= 1;
+            self.drop_matching.retain(|r| r.left > 0);
+            self.counters.datagrams_dropped_fault += 1;
+            return;
+        }
+        if let Some((per_mille, rng)) = &mut self.loss {
+            *rng ^= *rng << 13;
+            *rng ^= *rng >> 7;
+            *rng ^= *rng << 17;
+            if (*rng % 1000) < u64::from(*per_mille) {
+                self.counters.datagrams_dropped_fault += 1;
+                return;
+            }
         }
         if self.hold_datagram && self.held.is_none() {
             self.hold_datagram = false;

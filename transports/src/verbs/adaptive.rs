@@ -1,0 +1,564 @@
+//! [`AdaptiveTransport`]: adaptive connection management (Yu, ch. 3). Every rank starts with
+//! one UD queue pair per port and no RC connection; a peer's traffic goes over UD (made
+//! reliable by the link layer) until it deserves an RC connection, which the
+//! [`ConnectionManager`] sets up over UD; then it moves to RC.
+//!
+//! The parts, each its own module:
+//!
+//! * UD: a [`LinkTransport`] over a [`UdCarrier`], one route per port: sequence numbers, CRC,
+//!   ACK/NACK and retransmission from `rankweave_core::reliability`, MTU-sized frames, and
+//!   striping and failover across ports by its path scheduler.
+//! * RC: an [`RcTransport`] whose queue pairs are made per peer on demand.
+//! * The connection set-up: a [`ConnectionManager`] whose messages ride the UD carrier's side
+//!   channel.
+//!
+//! The driver here counts frames per peer. When the count passes
+//! [`AdaptiveSettings::connect_after`] (or a frame too large for one UD datagram is sent), it
+//! makes the RC queue pair for the peer and starts the exchange; frames keep going over UD
+//! meanwhile (a large frame, and everything after it, waits). When the connection is
+//! established, later frames wait until everything already sent over UD to that peer is
+//! acknowledged, then they and all later ones go over RC: a peer never receives an RC frame
+//! before a UD frame sent earlier, because it handed that UD frame to its message layer
+//! before it acknowledged it, and drains UD before RC. A failed exchange leaves the peer on
+//! UD (and starts again after another `connect_after` frames); a large frame that cannot go
+//! anywhere then makes the peer lost.
+//!
+//! Losses: a peer is reported lost once. While it has an RC connection, the RC side's report
+//! (BYE after its last frame, or a failed work request) is the one that counts: a UD loss
+//! report is held for [`AdaptiveSettings::loss_grace`] in case RC frames are still coming.
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::sync::{Mutex, MutexGuard};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use rankweave_core::frame::Frame;
+use rankweave_core::{Arrival, Capabilities, Transport, TransportError, TransportStats};
+use rustc_hash::FxHashSet;
+use tokio::time::Sleep;
+
+use super::connection_manager::{CmConfig, CmCounters, CmEvent, CmMessage, ConnectionManager};
+use super::error::VerbsError;
+use super::provider::Provider;
+use super::rc::{RcSettings, RcTransport};
+use super::shared_port::PortHandle;
+use super::ud_carrier::{UdCarrier, UdCounters, UdSettings};
+use crate::link::{LinkTransport, LinkTransportConfig};
+
+/// Settings of an [`AdaptiveTransport`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AdaptiveSettings {
+    /// Frames sent to a peer over UD before an RC connection to it is made; `None`: never
+    /// (UD only, frames limited to one datagram and the message layer fragments).
+    pub connect_after: Option<u64>,
+    /// The connection exchange's retransmission.
+    pub cm: CmConfig,
+    /// The UD carrier's buffers and queue key.
+    pub ud: UdSettings,
+    /// The RC connections' settings.
+    pub rc: RcSettings,
+    /// How long a UD loss report of an RC-connected peer waits for the RC side's.
+    pub loss_grace: Duration,
+}
+
+impl Default for AdaptiveSettings {
+    fn default() -> Self {
+        AdaptiveSettings {
+            connect_after: Some(16),
+            cm: CmConfig::default(),
+            ud: UdSettings::default(),
+            rc: RcSettings::default(),
+            loss_grace: Duration::from_secs(1),
+        }
+    }
+}
+
+/// Counters of an [`AdaptiveTransport`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AdaptiveCounters {
+    /// Frames sent over UD.
+    pub frames_over_ud: u64,
+    /// Frames sent over RC.
+    pub frames_over_rc: u64,
+    /// Peers whose traffic moved to RC.
+    pub switched_to_rc: u64,
+    /// The connection manager's counters.
+    pub cm: CmCounters,
+    /// The UD carrier's counters.
+    pub ud: UdCounters,
+    /// Connection-management datagrams that did not decode.
+    pub malformed_control: u64,
+    /// Queue pair operations the connection manager asked for that failed.
+    pub connect_errors: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Path {
+    /// Over UD (an RC connection may be under way).
+    Ud,
+    /// Connected; frames wait until UD is acknowledged.
+    Switching,
+    /// Over RC.
+    Rc,
+}
+
+struct PeerPath {
+    path: Path,
+    /// Frames sent since the last connection attempt.
+    sent: u64,
+    /// Frames waiting (for the connection, or for UD to be acknowledged), in order.
+    held: VecDeque<Frame>,
+    /// When UD reported the peer lost while it had an RC connection.
+    ud_lost_at: Option<Instant>,
+}
+
+struct State {
+    cm: ConnectionManager,
+    peers: Vec<PeerPath>,
+    lost: FxHashSet<u32>,
+    ready: VecDeque<Arrival>,
+    scratch: Vec<Arrival>,
+    control: Vec<(u32, bytes::Bytes)>,
+    timer: Option<Pin<Box<Sleep>>>,
+    closing: bool,
+    closed: bool,
+    counters: AdaptiveCounters,
+}
+
+/// One rank's transport with connections made on demand (see the [module docs](self)).
+pub struct AdaptiveTransport<P: Provider> {
+    rank: u32,
+    size: u32,
+    settings: AdaptiveSettings,
+    ud: LinkTransport<UdCarrier<PortHandle<P>>>,
+    ud_max_payload: usize,
+    rc: RcTransport<PortHandle<P>>,
+    state: Mutex<State>,
+}
+
+impl<P: Provider> std::fmt::Debug for AdaptiveTransport<P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdaptiveTransport")
+            .field("rank", &self.rank)
+            .field("size", &self.size)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<P: Provider> AdaptiveTransport<P> {
+    /// Rank `rank`'s transport: `carrier` (its UD routes, peers set) under a link layer with
+    /// `link`, and `rc` for the RC connections (made with [`RcTransport::on_demand`] on the
+    /// first route's port).
+    pub fn new(
+        carrier: UdCarrier<PortHandle<P>>,
+        rc: RcTransport<PortHandle<P>>,
+        link: LinkTransportConfig,
+        settings: AdaptiveSettings,
+    ) -> AdaptiveTransport<P> {
+        let (rank, size) = (link.rank, link.size);
+        let ud = LinkTransport::new(carrier, link);
+        let ud_max_payload = ud.capabilities().max_payload;
+        AdaptiveTransport {
+            rank,
+            size,
+            settings,
+            ud,
+            ud_max_payload,
+            rc,
+            state: Mutex::new(State {
+                cm: ConnectionManager::new(rank, settings.cm),
+                peers: (0..size)
+                    .map(|_| PeerPath {
+                        path: Path::Ud,
+                        sent: 0,
+                        held: VecDeque::new(),
+                        ud_lost_at: None,
+                    })
+                    .collect(),
+                lost: FxHashSet::default(),
+                ready: VecDeque::new(),
+                scratch: Vec::new(),
+                control: Vec::new(),
+                timer: None,
+                closing: false,
+                closed: false,
+                counters: AdaptiveCounters::default(),
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Its counters.
+    pub fn counters(&self) -> AdaptiveCounters {
+        let s = self.lock();
+        AdaptiveCounters {
+            cm: s.cm.counters(),
+            ud: self.ud.carrier().counters(),
+            ..s.counters
+        }
+    }
+
+    /// Whether frames to `peer` go over RC now.
+    pub fn is_over_rc(&self, peer: u32) -> bool {
+        self.lock()
+            .peers
+            .get(peer as usize)
+            .is_some_and(|p| p.path == Path::Rc)
+    }
+
+    /// The UD side (its link layer and carrier), for statistics and tests.
+    pub fn ud(&self) -> &LinkTransport<UdCarrier<PortHandle<P>>> {
+        &self.ud
+    }
+
+    /// The RC side, for statistics and tests.
+    pub fn rc(&self) -> &RcTransport<PortHandle<P>> {
+        &self.rc
+    }
+
+    /// Sends what the connection manager produced and carries out its events.
+    fn run_cm(&self, s: &mut State) {
+        while let Some((to, m)) = s.cm.poll_transmit() {
+            let mut bytes = Vec::with_capacity(CmMessage::MAX_LEN);
+            m.encode(&mut bytes);
+            if let Err(e) = self.ud.carrier().send_control(to, &bytes) {
+                // Lost like any datagram: the manager retransmits.
+                tracing::debug!(rank = self.rank, to, error = %e, "connection message not sent");
+            }
+        }
+        while let Some(ev) = s.cm.poll_event() {
+            match ev {
+                CmEvent::Connect { peer, remote } => {
+                    if let Err(e) = self.rc.connect_peer(peer, remote) {
+                        tracing::warn!(rank = self.rank, peer, error = %e, "RC connect failed");
+                        s.counters.connect_errors += 1;
+                    }
+                }
+                CmEvent::Established { peer } => {
+                    if let Some(p) = s.peers.get_mut(peer as usize) {
+                        p.path = Path::Switching;
+                    }
+                }
+                CmEvent::Failed { peer } => {
+                    let Some(p) = s.peers.get_mut(peer as usize) else {
+                        continue;
+                    };
+                    p.sent = 0;
+                    // What waits fits UD up to the first large frame; that one cannot go.
+                    while let Some(f) = p.held.pop_front() {
+                        if f.payload.len() > self.ud_max_payload {
+                            p.held.clear();
+                            if s.lost.insert(peer) {
+                                tracing::warn!(
+                                    rank = self.rank,
+                                    peer,
+                                    "no RC connection for a frame too large for UD"
+                                );
+                                s.ready.push_back(Arrival::PeerLost { rank: peer });
+                            }
+                            break;
+                        }
+                        s.counters.frames_over_ud += 1;
+                        let _ = self.ud.send(peer, f);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Moves switching peers whose UD traffic is all acknowledged to RC, with what they hold.
+    fn switch_ready(&self, s: &mut State) {
+        for peer in 0..self.size {
+            let p = &mut s.peers[peer as usize];
+            if p.path != Path::Switching || !self.ud.is_idle_towards(peer) {
+                continue;
+            }
+            p.path = Path::Rc;
+            s.counters.switched_to_rc += 1;
+            while let Some(f) = p.held.pop_front() {
+                s.counters.frames_over_rc += 1;
+                let _ = self.rc.send(peer, f);
+            }
+        }
+    }
+
+    /// Receives from both sides, runs the connection manager, and queues arrivals.
+    fn advance(&self, s: &mut State, now: Instant) -> Result<(), TransportError> {
+        let mut scratch = std::mem::take(&mut s.scratch);
+        scratch.clear();
+        self.ud.drain(&mut scratch)?;
+        self.take_arrivals(s, &mut scratch, now, false);
+        let mut control = std::mem::take(&mut s.control);
+        self.ud.carrier().take_control(&mut control);
+        for (from, bytes) in control.drain(..) {
+            let m = match CmMessage::decode(&bytes) {
+                Ok(m) => m,
+                Err(e) => {
+                    tracing::debug!(rank = self.rank, from, error = %e, "bad connection message");
+                    s.counters.malformed_control += 1;
+                    continue;
+                }
+            };
+            let local = match m {
+                CmMessage::Confirm { .. } if !self.rc_known(from) => continue,
+                _ => match self.rc.open_peer(from) {
+                    Ok(a) => a,
+                    Err(e) => {
+                        tracing::warn!(rank = self.rank, from, error = %e, "no RC queue pair");
+                        s.counters.connect_errors += 1;
+                        continue;
+                    }
+                },
+            };
+            s.cm.handle_message(now, from, local, m);
+        }
+        s.control = control;
+        if s.cm.poll_timeout().is_some_and(|t| t <= now) {
+            s.cm.handle_timeout(now);
+        }
+        self.run_cm(s);
+        self.switch_ready(s);
+        self.rc.drain(&mut scratch)?;
+        self.take_arrivals(s, &mut scratch, now, true);
+        // UD loss reports held for RC-connected peers whose grace ran out.
+        for peer in 0..self.size {
+            let p = &mut s.peers[peer as usize];
+            if p.ud_lost_at
+                .is_some_and(|t| now >= t + self.settings.loss_grace)
+            {
+                p.ud_lost_at = None;
+                if s.lost.insert(peer) {
+                    s.ready.push_back(Arrival::PeerLost { rank: peer });
+                }
+            }
+        }
+        s.scratch = scratch;
+        if s.closing && !s.closed && s.peers.iter().all(|p| p.held.is_empty()) {
+            s.closed = true;
+            self.ud.close();
+            self.rc.close();
+        }
+        Ok(())
+    }
+
+    fn rc_known(&self, peer: u32) -> bool {
+        self.rc.is_connected(peer)
+    }
+
+    fn take_arrivals(&self, s: &mut State, from: &mut Vec<Arrival>, now: Instant, rc: bool) {
+        for a in from.drain(..) {
+            match a {
+                Arrival::PeerLost { rank } => {
+                    let connected = s
+                        .peers
+                        .get(rank as usize)
+                        .is_some_and(|p| p.path != Path::Ud);
+                    if !rc && connected {
+                        if let Some(p) = s.peers.get_mut(rank as usize) {
+                            p.ud_lost_at.get_or_insert(now);
+                        }
+                    } else if s.lost.insert(rank) {
+                        s.ready.push_back(Arrival::PeerLost { rank });
+                    }
+                }
+                frame => s.ready.push_back(frame),
+            }
+        }
+    }
+
+    fn next_deadline(&self, s: &State) -> Option<Instant> {
+        let grace = s
+            .peers
+            .iter()
+            .filter_map(|p| p.ud_lost_at.map(|t| t + self.settings.loss_grace))
+            .min();
+        match (s.cm.poll_timeout(), grace) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
+impl<P: Provider> Transport for AdaptiveTransport<P> {
+    fn capabilities(&self) -> Capabilities {
+        let connect = self.settings.connect_after.is_some();
+        Capabilities {
+            reliable: true,
+            ordered: true,
+            max_payload: if connect {
+                usize::MAX
+            } else {
+                self.ud_max_payload
+            },
+            multicast: false,
+            rdma: connect,
+            by_reference: false,
+        }
+    }
+
+    fn send(&self, to: u32, frame: Frame) -> Result<(), TransportError> {
+        if to >= self.size {
+            return Err(TransportError::PeerUnreachable(to as usize));
+        }
+        let mut guard = self.lock();
+        let s = &mut *guard;
+        if s.closing {
+            return Err(TransportError::Closed);
+        }
+        if to == self.rank {
+            return self.rc.send(to, frame);
+        }
+        if s.lost.contains(&to) {
+            return Ok(());
+        }
+        let large = frame.payload.len() > self.ud_max_payload;
+        let now = Instant::now();
+        let p = &mut s.peers[to as usize];
+        match p.path {
+            Path::Rc => {
+                s.counters.frames_over_rc += 1;
+                return self.rc.send(to, frame);
+            }
+            Path::Switching => {
+                p.held.push_back(frame);
+                self.switch_ready(s);
+                return Ok(());
+            }
+            Path::Ud => {}
+        }
+        p.sent += 1;
+        let Some(threshold) = self.settings.connect_after else {
+            if large {
+                return Err(TransportError::Io {
+                    op: "verbs UD send",
+                    message: format!(
+                        "a frame of {} bytes exceeds one datagram ({} bytes)",
+                        frame.payload.len(),
+                        self.ud_max_payload
+                    ),
+                });
+            }
+            s.counters.frames_over_ud += 1;
+            return self.ud.send(to, frame);
+        };
+        let wants_rc = large || p.sent > threshold;
+        if large || !p.held.is_empty() {
+            p.held.push_back(frame);
+        } else {
+            s.counters.frames_over_ud += 1;
+            self.ud.send(to, frame)?;
+        }
+        if wants_rc && !s.cm.is_connecting(to) && !s.cm.is_connected(to) {
+            match self.rc.open_peer(to) {
+                Ok(local) => s.cm.start(now, to, local),
+                Err(e) => {
+                    tracing::warn!(rank = self.rank, to, error = %e, "no RC queue pair");
+                    s.counters.connect_errors += 1;
+                }
+            }
+            self.run_cm(s);
+        }
+        Ok(())
+    }
+
+    fn drain(&self, out: &mut Vec<Arrival>) -> Result<usize, TransportError> {
+        let mut guard = self.lock();
+        let s = &mut *guard;
+        self.advance(s, Instant::now())?;
+        let n = s.ready.len();
+        out.extend(s.ready.drain(..));
+        Ok(n)
+    }
+
+    fn poll_arrival(&self, cx: &mut Context<'_>) -> Poll<()> {
+        let mut guard = self.lock();
+        let s = &mut *guard;
+        if !s.ready.is_empty() {
+            return Poll::Ready(());
+        }
+        let mut ready = self.ud.poll_arrival(cx).is_ready();
+        ready |= self.rc.poll_arrival(cx).is_ready();
+        // A switching peer waits for UD's acknowledgements (`ud.poll_arrival` wakes us for
+        // them); once they are in, `drain` must run to move it.
+        ready |= switching(s).into_iter().any(|p| self.ud.is_idle_towards(p));
+        match self.next_deadline(s) {
+            Some(deadline) => {
+                let deadline = tokio::time::Instant::from_std(deadline);
+                match &mut s.timer {
+                    Some(t) if t.deadline() == deadline => {}
+                    Some(t) => t.as_mut().reset(deadline),
+                    None => s.timer = Some(Box::pin(tokio::time::sleep_until(deadline))),
+                }
+                if let Some(t) = &mut s.timer {
+                    ready |= t.as_mut().poll(cx).is_ready();
+                }
+            }
+            None => s.timer = None,
+        }
+        if ready {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    }
+
+    fn begin_busy_poll(&self) {
+        self.ud.begin_busy_poll();
+    }
+
+    fn end_busy_poll(&self) {
+        self.ud.end_busy_poll();
+    }
+
+    fn waiter_parked(&self) {
+        self.ud.waiter_parked();
+    }
+
+    fn close(&self) {
+        let mut guard = self.lock();
+        let s = &mut *guard;
+        if s.closing {
+            return;
+        }
+        s.closing = true;
+        // Frames still held wait for their connection or for UD's acknowledgements; the two
+        // sides close (and say BYE) once none is left.
+        let _ = self.advance(s, Instant::now());
+    }
+
+    fn is_drained(&self) -> bool {
+        let mut guard = self.lock();
+        let s = &mut *guard;
+        let _ = self.advance(s, Instant::now());
+        s.closed && self.ud.is_drained() && self.rc.is_drained()
+    }
+
+    fn stats(&self) -> TransportStats {
+        let mut stats = self.ud.stats();
+        stats.peers_lost = self.lock().lost.len() as u64;
+        stats
+    }
+}
+
+fn switching(s: &State) -> Vec<u32> {
+    (0u32..)
+        .zip(&s.peers)
+        .filter(|(_, p)| p.path == Path::Switching)
+        .map(|(r, _)| r)
+        .collect()
+}
+
+/// Connects the UD carriers of one process's ranks to each other: `carriers[rank]`'s
+/// addresses go to every other (the exchange a multi-process job does through its key-value
+/// store, O(1) per rank: one UD address per port).
+pub fn introduce<P: Provider>(carriers: &[UdCarrier<P>]) -> Result<(), VerbsError> {
+    let table: Vec<_> = carriers.iter().map(UdCarrier::addresses).collect();
+    for c in carriers {
+        c.set_peers(&table)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,432 @@
+//! Adaptive connection management over the simulated fabric: traffic over UD until the
+//! threshold, RC connections made on demand (also from both sides at once, and with UD
+//! control messages lost or duplicated), and UD routes failing over between ports.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use rankweave_core::frame::{Envelope, Frame, Header};
+use rankweave_core::{Arrival, Config, ContextId, Source, Tag, Transport};
+
+use super::adaptive::{AdaptiveSettings, AdaptiveTransport};
+use super::connection_manager::{CmConfig, CmMessage};
+use super::*;
+
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn frame(seq: u64, payload: Vec<u8>) -> Frame {
+    Frame {
+        header: Header::Eager(Envelope {
+            context: ContextId(1),
+            tag: 7,
+            seq,
+            len: payload.len() as u64,
+        }),
+        payload: Bytes::from(payload),
+    }
+}
+
+fn settings(connect_after: Option<u64>) -> AdaptiveSettings {
+    AdaptiveSettings {
+        connect_after,
+        cm: CmConfig {
+            retransmit: Duration::from_millis(5),
+            attempts: 6,
+        },
+        ..AdaptiveSettings::default()
+    }
+}
+
+/// Whether a sent UD datagram is a connection message of `kind` (1 Request, 2 Reply,
+/// 3 Confirm): the carrier's kind byte `C`, then the message's magic and kind.
+fn is_control(bytes: &[u8], kind: u8) -> bool {
+    bytes.len() > 4 && bytes[0] == b'C' && &bytes[1..4] == b"CM1" && bytes[4] == kind
+}
+
+type Ranks = Vec<Arc<AdaptiveTransport<SimProvider>>>;
+
+/// Drains every rank until `want[r]` frames came to rank `r`; fails after 10 s.
+async fn pump(ranks: &Ranks, want: &[usize]) -> Vec<Vec<(u32, Frame)>> {
+    let mut got: Vec<Vec<(u32, Frame)>> = vec![Vec::new(); ranks.len()];
+    let mut out = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        for (r, t) in ranks.iter().enumerate() {
+            t.drain(&mut out).unwrap();
+            for a in out.drain(..) {
+                match a {
+                    Arrival::Frame { from, frame } => got[r].push((from, frame)),
+                    Arrival::PeerLost { rank } => panic!("rank {r} lost rank {rank}"),
+                }
+            }
+        }
+        if got.iter().zip(want).all(|(g, &w)| g.len() >= w) {
+            return got;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "frames arrived: {:?} of {want:?}",
+            got.iter().map(Vec::len).collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// Drains every rank (keeping the frames) until `done` holds; fails after 10 s.
+async fn pump_until(ranks: &Ranks, into: &mut [Vec<(u32, Frame)>], done: impl Fn(&Ranks) -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !done(ranks) {
+        assert!(std::time::Instant::now() < deadline, "condition never held");
+        for (r, got) in pump(ranks, &vec![0; ranks.len()])
+            .await
+            .into_iter()
+            .enumerate()
+        {
+            into[r].extend(got);
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// Checks that `got` holds frames 0..n from `from`, in order and intact (seed = from·10⁶ +
+/// seq).
+fn assert_in_order(got: &[(u32, Frame)], from: u32, n: usize, len: impl Fn(u64) -> usize) {
+    let mine: Vec<&Frame> = got
+        .iter()
+        .filter(|(f, _)| *f == from)
+        .map(|(_, fr)| fr)
+        .collect();
+    assert_eq!(mine.len(), n, "frames from rank {from}");
+    for (i, f) in mine.iter().enumerate() {
+        let Header::Eager(e) = f.header else {
+            panic!("not an eager frame")
+        };
+        assert_eq!(e.seq, i as u64, "frame order from rank {from}");
+        let seed = u64::from(from) * 1_000_000 + e.seq;
+        assert_eq!(
+            &f.payload[..],
+            &pattern(seed, len(e.seq))[..],
+            "frame {i} from {from}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn traffic_goes_over_ud_until_the_threshold_then_over_an_rc_connection() {
+    let SimulatedTransports {
+        fabric: _fabric,
+        transports: ranks,
+        ..
+    } = simulated_adaptive_transports(2, 1, Duration::from_secs(10), settings(Some(10))).unwrap();
+    let len = |seq: u64| (seq as usize * 53) % 3000;
+    for seq in 0..10u64 {
+        ranks[0]
+            .send(1, frame(seq, pattern(seq, len(seq))))
+            .unwrap();
+    }
+    let got = pump(&ranks, &[0, 10]).await;
+    assert!(
+        !ranks[0].is_over_rc(1),
+        "10 frames do not pass the threshold"
+    );
+    assert_eq!(ranks[0].counters().cm.requests_sent, 0);
+    assert_eq!(ranks[0].counters().frames_over_ud, 10);
+    assert_in_order(&got[1], 0, 10, len);
+
+    let mut all = got[1].clone();
+    for seq in 10..400u64 {
+        ranks[0]
+            .send(1, frame(seq, pattern(seq, len(seq))))
+            .unwrap();
+        if seq % 20 == 0 {
+            all.extend(pump(&ranks, &[0, 0]).await.swap_remove(1));
+        }
+    }
+    let rest = 400 - all.len();
+    all.extend(pump(&ranks, &[0, rest]).await.swap_remove(1));
+    assert_in_order(&all, 0, 400, len);
+    let c0 = ranks[0].counters();
+    let c1 = ranks[1].counters();
+    assert!(ranks[0].is_over_rc(1), "{c0:?}");
+    assert_eq!((c0.cm.established, c1.cm.established), (1, 1));
+    assert_eq!((c0.cm.requests_sent, c1.cm.replies_sent), (1, 1));
+    assert!(c0.frames_over_ud > 10 && c0.frames_over_rc > 0, "{c0:?}");
+    assert_eq!(c0.frames_over_ud + c0.frames_over_rc, 400);
+    assert_eq!(
+        ranks[0].rc().counters().channels.eager_sent,
+        c0.frames_over_rc
+    );
+    // The responder moves to RC for its own traffic, without a request of its own.
+    for seq in 0..5u64 {
+        ranks[1]
+            .send(0, frame(seq, pattern(1_000_000 + seq, 100)))
+            .unwrap();
+    }
+    let back = pump(&ranks, &[5, 0]).await;
+    assert_in_order(&back[0], 1, 5, |_| 100);
+    assert!(ranks[1].is_over_rc(0));
+    assert_eq!(ranks[1].counters().cm.requests_sent, 0);
+}
+
+#[tokio::test]
+async fn simultaneous_requests_from_both_sides_make_one_connection() {
+    let mut slow = settings(Some(3));
+    slow.cm.retransmit = Duration::from_secs(2);
+    let SimulatedTransports {
+        fabric: _fabric,
+        transports: ranks,
+        ..
+    } = simulated_adaptive_transports(2, 1, Duration::from_secs(10), slow).unwrap();
+    // Both pass the threshold before either hears from the other.
+    for seq in 0..50u64 {
+        for (me, peer) in [(0u32, 1u32), (1, 0)] {
+            let seed = u64::from(me) * 1_000_000 + seq;
+            ranks[me as usize]
+                .send(peer, frame(seq, pattern(seed, 200)))
+                .unwrap();
+        }
+    }
+    let mut got = pump(&ranks, &[50, 50]).await;
+    pump_until(&ranks, &mut got, |r| {
+        r[0].counters().cm.established + r[1].counters().cm.established == 2
+    })
+    .await;
+    assert_in_order(&got[0], 1, 50, |_| 200);
+    assert_in_order(&got[1], 0, 50, |_| 200);
+    let (c0, c1) = (ranks[0].counters(), ranks[1].counters());
+    assert_eq!(c0.cm.requests_sent + c1.cm.requests_sent, 2, "both asked");
+    assert_eq!((c0.cm.ties_won, c1.cm.ties_lost), (1, 1), "{c0:?} {c1:?}");
+    assert_eq!((c0.cm.replies_sent, c1.cm.replies_sent), (0, 1));
+    assert_eq!((c0.cm.established, c1.cm.established), (1, 1));
+    // Traffic after the switch uses the one connection in both directions.
+    for seq in 50..60u64 {
+        for (me, peer) in [(0u32, 1u32), (1, 0)] {
+            let seed = u64::from(me) * 1_000_000 + seq;
+            ranks[me as usize]
+                .send(peer, frame(seq, pattern(seed, 200)))
+                .unwrap();
+        }
+    }
+    let more = pump(&ranks, &[10, 10]).await;
+    assert!(ranks[0].is_over_rc(1) && ranks[1].is_over_rc(0));
+    assert_eq!(more[0].len(), 10);
+    assert!(ranks[0].rc().is_connected(1) && ranks[1].rc().is_connected(0));
+}
+
+#[tokio::test]
+async fn lost_control_messages_are_retransmitted() {
+    let SimulatedTransports {
+        fabric,
+        transports: ranks,
+        ..
+    } = simulated_adaptive_transports(2, 1, Duration::from_secs(10), settings(Some(2))).unwrap();
+    for kind in 1..=3u8 {
+        fabric.drop_datagrams_matching(2, move |b| is_control(b, kind));
+    }
+    for seq in 0..100u64 {
+        ranks[0].send(1, frame(seq, pattern(seq, 64))).unwrap();
+    }
+    let mut all = pump(&ranks, &[0, 100]).await.swap_remove(1);
+    assert_in_order(&all, 0, 100, |_| 64);
+    // Wait for the connection (Confirm lost twice: the responder resends its Reply).
+    for seq in 100..200u64 {
+        ranks[0].send(1, frame(seq, pattern(seq, 64))).unwrap();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        all.extend(pump(&ranks, &[0, 0]).await.swap_remove(1));
+    }
+    let rest = 200 - all.len();
+    all.extend(pump(&ranks, &[0, rest]).await.swap_remove(1));
+    assert_in_order(&all, 0, 200, |_| 64);
+    let (c0, c1) = (ranks[0].counters(), ranks[1].counters());
+    assert!(ranks[0].is_over_rc(1), "{c0:?} {c1:?}");
+    assert!(c0.cm.requests_sent >= 3, "two Requests lost: {c0:?}");
+    assert!(c1.cm.replies_sent >= 3, "two Replies lost: {c1:?}");
+    assert!(c0.cm.confirms_sent >= 3, "two Confirms lost: {c0:?}");
+    assert_eq!((c0.cm.established, c1.cm.established), (1, 1));
+    assert_eq!(fabric.counters().datagrams_dropped_fault, 6);
+}
+
+#[tokio::test]
+async fn duplicated_control_messages_change_nothing() {
+    let SimulatedTransports {
+        fabric: _fabric,
+        transports: ranks,
+        ..
+    } = simulated_adaptive_transports(2, 1, Duration::from_secs(10), settings(Some(1))).unwrap();
+    for seq in 0..40u64 {
+        ranks[0].send(1, frame(seq, pattern(seq, 64))).unwrap();
+    }
+    let mut all = pump(&ranks, &[0, 40]).await.swap_remove(1);
+    let mut got = vec![Vec::new(), Vec::new()];
+    pump_until(&ranks, &mut got, |r| {
+        r[0].is_over_rc(1) || r[0].counters().cm.established > 0
+    })
+    .await;
+    for seq in 40..60u64 {
+        ranks[0].send(1, frame(seq, pattern(seq, 64))).unwrap();
+    }
+    pump_until(&ranks, &mut got, |r| r[0].is_over_rc(1)).await;
+    all.extend(got.swap_remove(1));
+    let rest = 60 - all.len();
+    all.extend(pump(&ranks, &[0, rest]).await.swap_remove(1));
+    // Replay every message of the exchange from the right sender, twice, with the queue pair
+    // addresses of the real one.
+    let qp0 = ranks[0].rc().open_peer(1).unwrap();
+    let qp1 = ranks[1].rc().open_peer(0).unwrap();
+    let replays = [
+        (1usize, 0u32, CmMessage::Request { seq: 1, qp: qp1 }),
+        (0, 1, CmMessage::Request { seq: 1, qp: qp0 }),
+        (1, 0, CmMessage::Reply { seq: 1, qp: qp1 }),
+        (0, 1, CmMessage::Confirm { seq: 1 }),
+    ];
+    for _ in 0..2 {
+        for (from, to, m) in replays {
+            let mut b = Vec::new();
+            m.encode(&mut b);
+            ranks[from].ud().carrier().send_control(to, &b).unwrap();
+        }
+    }
+    for seq in 60..100u64 {
+        ranks[0].send(1, frame(seq, pattern(seq, 64))).unwrap();
+    }
+    all.extend(pump(&ranks, &[0, 40]).await.swap_remove(1));
+    assert_in_order(&all, 0, 100, |_| 64);
+    let (c0, c1) = (ranks[0].counters(), ranks[1].counters());
+    assert_eq!((c0.cm.established, c1.cm.established), (1, 1));
+    assert!(c0.cm.duplicates + c1.cm.duplicates >= 4, "{c0:?} {c1:?}");
+    assert_eq!(c0.connect_errors + c1.connect_errors, 0);
+    assert!(ranks[0].is_over_rc(1) && ranks[0].rc().is_connected(1));
+}
+
+#[tokio::test]
+async fn an_unanswered_exchange_leaves_traffic_on_ud() {
+    let SimulatedTransports {
+        fabric,
+        transports: ranks,
+        ..
+    } = simulated_adaptive_transports(2, 1, Duration::from_secs(10), settings(Some(5))).unwrap();
+    fabric.drop_datagrams_matching(u32::MAX, |b| b.first() == Some(&b'C'));
+    let mut all = Vec::new();
+    for seq in 0..300u64 {
+        ranks[0].send(1, frame(seq, pattern(seq, 500))).unwrap();
+        if seq % 10 == 0 {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            all.extend(pump(&ranks, &[0, 0]).await.swap_remove(1));
+        }
+    }
+    let mut got = vec![Vec::new(), Vec::new()];
+    pump_until(&ranks, &mut got, |r| r[0].counters().cm.failed > 0).await;
+    all.extend(got.swap_remove(1));
+    let rest = 300 - all.len();
+    all.extend(pump(&ranks, &[0, rest]).await.swap_remove(1));
+    assert_in_order(&all, 0, 300, |_| 500);
+    let c0 = ranks[0].counters();
+    assert!(!ranks[0].is_over_rc(1));
+    assert!(c0.cm.failed >= 1, "{c0:?}");
+    assert_eq!(c0.frames_over_ud, 300);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn communicators_over_adaptive_connections_move_every_size() {
+    let config = Config {
+        peer_timeout: Duration::from_secs(20),
+        ..Config::default()
+    };
+    let job = simulated_adaptive_world(3, 1, &config, settings(Some(8))).unwrap();
+    let sizes = [0usize, 1, 100, 3000, 8 * 1024, 64 * 1024, 1 << 20, 9 << 20];
+    let mut tasks = tokio::task::JoinSet::new();
+    for comm in job.comms {
+        tasks.spawn(async move {
+            let me = comm.rank();
+            let n = comm.size();
+            let next = (me + 1) % n;
+            let prev = (me + n - 1) % n;
+            for round in 0..3 {
+                for (i, &len) in sizes.iter().enumerate() {
+                    let tag = (round * 100 + i) as u32;
+                    let seed = (me * 1000 + tag as usize) as u64;
+                    let send = comm.send(next, tag, pattern(seed, len));
+                    let msg = comm
+                        .recv(Source::Rank(prev), Tag::Value(tag))
+                        .await
+                        .unwrap();
+                    send.await.unwrap();
+                    let want = pattern((prev * 1000 + tag as usize) as u64, len);
+                    assert_eq!(msg.data(), &want[..]);
+                }
+            }
+            comm.shutdown().await;
+        });
+    }
+    let all = async {
+        while let Some(r) = tasks.join_next().await {
+            r.unwrap();
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), all)
+        .await
+        .expect("no hang");
+    for t in &job.transports {
+        let c = t.counters();
+        assert!(c.frames_over_ud > 0 && c.frames_over_rc > 0, "{c:?}");
+        assert!(t.rc().counters().channels.rendezvous_sent > 0 || c.cm.established > 0);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_port_moves_ud_traffic_to_the_other_route() {
+    let config = Config {
+        peer_timeout: Duration::from_secs(30),
+        ..Config::default()
+    };
+    let job = simulated_adaptive_world(2, 2, &config, settings(None)).unwrap();
+    let fabric = job.fabric.clone();
+    let victim = job.ports[1][0].port().lid;
+    let mut comms = job.comms.into_iter();
+    let (a, b) = (comms.next().unwrap(), comms.next().unwrap());
+    let len = 6 << 20;
+    let sender = tokio::spawn(async move {
+        for i in 0..4u32 {
+            a.send(1, i, pattern(u64::from(i), len)).await.unwrap();
+        }
+        a.recv(Source::Rank(1), Tag::Value(99)).await.unwrap();
+        a.shutdown().await;
+    });
+    let receiver = tokio::spawn(async move {
+        for i in 0..4u32 {
+            let m = b.recv(Source::Rank(0), Tag::Value(i)).await.unwrap();
+            assert_eq!(m.data(), &pattern(u64::from(i), len)[..], "message {i}");
+            if i == 0 {
+                // Mid-transfer: rank 1's first port goes down.
+                fabric.fail_port(victim);
+            }
+        }
+        b.send(0, 99, Vec::<u8>::new()).await.unwrap();
+        b.shutdown().await;
+    });
+    tokio::time::timeout(Duration::from_secs(60), async {
+        sender.await.unwrap();
+        receiver.await.unwrap();
+    })
+    .await
+    .expect("the transfer completed over the other port");
+    let stats = job.transports[0].stats();
+    assert!(stats.route_failovers >= 1, "{stats:?}");
+    assert_eq!(stats.routes.len(), 2);
+    assert!(
+        stats.routes[1].frames_sent > stats.routes[0].frames_sent,
+        "{stats:?}"
+    );
+    assert_eq!(job.transports[0].counters().frames_over_rc, 0);
+}

@@ -1,0 +1,133 @@
+//! In-process jobs over a [`SimFabric`] with adaptive connections: what the tests (and anyone
+//! trying the verbs protocol without hardware) build worlds with.
+
+use std::sync::Arc;
+
+use rankweave_core::{Communicator, Config, Error};
+
+use super::adaptive::{self, AdaptiveSettings, AdaptiveTransport};
+use super::error::VerbsError;
+use super::rc::RcTransport;
+use super::shared_port::SharedPort;
+use super::sim::{SimFabric, SimProvider};
+use super::ud_carrier;
+
+/// An in-process job over a simulated fabric with adaptive connections (see
+/// [`simulated_adaptive_world`]).
+pub struct SimulatedJob {
+    /// The fabric, for fault injection.
+    pub fabric: SimFabric,
+    /// The world communicators, rank order.
+    pub comms: Vec<Communicator>,
+    /// Each rank's transport, rank order.
+    pub transports: Vec<Arc<AdaptiveTransport<SimProvider>>>,
+    /// Each rank's ports (route order): their LIDs name them to [`SimFabric::fail_port`].
+    pub ports: Vec<Vec<SharedPort<SimProvider>>>,
+}
+
+/// The transports of an in-process job over a simulated fabric (see
+/// [`simulated_adaptive_transports`]).
+pub struct SimulatedTransports {
+    /// The fabric, for fault injection.
+    pub fabric: SimFabric,
+    /// Each rank's transport, rank order.
+    pub transports: Vec<Arc<AdaptiveTransport<SimProvider>>>,
+    /// Each rank's ports (route order).
+    pub ports: Vec<Vec<SharedPort<SimProvider>>>,
+}
+
+/// The transports of an `n`-rank in-process job over a fresh [`SimFabric`] with `ports`
+/// ports per rank: UD on every port (one route each), RC connections made on demand on the
+/// first. Must be called inside a tokio runtime.
+pub fn simulated_adaptive_transports(
+    n: usize,
+    ports: usize,
+    peer_timeout: std::time::Duration,
+    settings: AdaptiveSettings,
+) -> Result<SimulatedTransports, VerbsError> {
+    let size = u32::try_from(n)
+        .ok()
+        .filter(|&s| s > 0)
+        .ok_or_else(|| VerbsError::InvalidSetting(format!("{n} ranks")))?;
+    if ports == 0 {
+        return Err(VerbsError::InvalidSetting("0 ports per rank".into()));
+    }
+    let fabric = SimFabric::default();
+    let job_key = rankweave_core::rng::random_u64();
+    let shared: Vec<Vec<SharedPort<SimProvider>>> = (0..n)
+        .map(|_| {
+            (0..ports)
+                .map(|_| SharedPort::new(fabric.open_port()))
+                .collect()
+        })
+        .collect();
+    let mut carriers = Vec::with_capacity(n);
+    let mut rcs = Vec::with_capacity(n);
+    for (rank, rank_ports) in (0u32..).zip(&shared) {
+        let handles = rank_ports.iter().map(SharedPort::handle).collect();
+        carriers.push(ud_carrier::UdCarrier::new(
+            handles,
+            rank,
+            size,
+            settings.ud,
+        )?);
+        rcs.push(RcTransport::on_demand(
+            rank_ports[0].handle(),
+            rank,
+            size,
+            settings.rc,
+        )?);
+    }
+    adaptive::introduce(&carriers)?;
+    let transports = carriers
+        .into_iter()
+        .zip(rcs)
+        .zip(0u32..)
+        .map(|((carrier, rc), rank)| {
+            let link = crate::link::LinkTransportConfig::new(rank, size, job_key)
+                .with_peer_timeout(peer_timeout);
+            Arc::new(AdaptiveTransport::new(carrier, rc, link, settings))
+        })
+        .collect();
+    Ok(SimulatedTransports {
+        fabric,
+        transports,
+        ports: shared,
+    })
+}
+
+/// The world communicators of an `n`-rank in-process job over the simulated fabric with
+/// adaptive connections ([`AdaptiveTransport`]), `ports` ports per rank, with `settings`;
+/// with `multicast`, each communicator also gets a UD multicast group on the rank's first
+/// port. Must be called inside a tokio runtime.
+pub fn simulated_adaptive_world(
+    n: usize,
+    ports: usize,
+    config: &Config,
+    settings: AdaptiveSettings,
+) -> Result<SimulatedJob, Error> {
+    let SimulatedTransports {
+        fabric,
+        transports,
+        ports,
+    } = simulated_adaptive_transports(n, ports, config.peer_timeout, settings)
+        .map_err(|e| Error::Transport(e.into()))?;
+    let comms = transports
+        .iter()
+        .enumerate()
+        .map(|(rank, t)| {
+            Communicator::world(
+                rank,
+                n,
+                t.clone() as Arc<dyn rankweave_core::Transport>,
+                config.clone(),
+            )
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(SimulatedJob {
+        fabric,
+        comms,
+        transports,
+        ports,
+    })
+}

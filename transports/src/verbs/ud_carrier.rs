@@ -1,0 +1,498 @@
+//! [`UdCarrier`]: a [`Carrier`] over UD queue pairs, one per port (route), beneath the
+//! reliability layer; and the side channel the connection manager's messages use.
+//!
+//! Each route is one port with one UD queue pair, [`UdSettings::recv_buffers`] receive buffers
+//! of one MTU (plus the 40-byte GRH area) posted on it and [`UdSettings::send_buffers`] send
+//! buffers. Route `r` of a rank talks to route `r` of every peer, as the UDP carrier's routes
+//! do. A datagram is one byte of kind (a link packet, or a connection-management message) and
+//! the bytes; the sender is known by its port and queue pair number, looked up in the job's
+//! address table ([`UdCarrier::set_peers`]): datagrams from elsewhere are passed up with no
+//! sender and dropped as foreign by the link layer.
+//!
+//! Like every carrier it promises nothing: a datagram that finds no receive posted, goes to or
+//! from a port that is down, or finds no free send buffer is lost, and the reliability layer
+//! above repairs it (and, with several routes, moves traffic off a route that stays silent).
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use rankweave_core::{Carrier, Datagram, TransportError};
+use rustc_hash::FxHashMap;
+
+use super::error::VerbsError;
+use super::provider::{
+    AhId, Buffer, Completion, CompletionKind, CompletionStatus, MemoryRegion, Provider, QpAddress,
+    QpCaps, QpKind, QpNum, SendOp, SendRequest, Sge,
+};
+use super::sim::GRH_LEN;
+
+/// Settings of a [`UdCarrier`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UdSettings {
+    /// Receive buffers posted per route (at least 1).
+    pub recv_buffers: u32,
+    /// Send buffers per route (at least 1).
+    pub send_buffers: u32,
+    /// The queue key of the job's UD queue pairs (datagrams with another are dropped).
+    pub qkey: u32,
+}
+
+impl Default for UdSettings {
+    fn default() -> Self {
+        UdSettings {
+            recv_buffers: 256,
+            send_buffers: 64,
+            qkey: 0x5257_0001,
+        }
+    }
+}
+
+/// The kind byte in front of every datagram.
+const KIND_LINK: u8 = b'L';
+const KIND_CONTROL: u8 = b'C';
+
+/// `wr_id` top bit: a send (else a receive); the rest is the buffer index.
+const WR_SEND: u64 = 1 << 63;
+
+/// Counters of a [`UdCarrier`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UdCounters {
+    /// Datagrams posted.
+    pub sent: u64,
+    /// Datagrams received.
+    pub received: u64,
+    /// Sends refused (no free send buffer, the port down, or a posting error).
+    pub send_failures: u64,
+    /// Receive or send completions with an error.
+    pub failed_completions: u64,
+    /// Received datagrams with an unknown kind byte, or empty.
+    pub malformed: u64,
+}
+
+struct Route<P> {
+    provider: P,
+    qp: QpNum,
+    address: QpAddress,
+    recv_region: MemoryRegion,
+    send_region: MemoryRegion,
+    free_send: Vec<u32>,
+    /// Per peer: its queue pair on this route and the address handle to reach it.
+    peers: Vec<Option<(QpAddress, AhId)>>,
+    slot_len: usize,
+    mtu: usize,
+}
+
+struct State<P> {
+    routes: Vec<Route<P>>,
+    /// (LID, queue pair number) → rank, over all routes.
+    ranks: FxHashMap<(u16, u32), u32>,
+    control: VecDeque<(u32, Bytes)>,
+    /// Link datagrams received while reclaiming send buffers, for the next `recv`.
+    pending: Vec<Datagram>,
+    completions: Vec<Completion>,
+    counters: UdCounters,
+}
+
+/// UD datagrams over one or more ports for one rank (see the [module docs](self)).
+pub struct UdCarrier<P: Provider> {
+    rank: u32,
+    size: u32,
+    qkey: u32,
+    max_datagram: usize,
+    closed: AtomicBool,
+    state: Mutex<State<P>>,
+}
+
+impl<P: Provider> std::fmt::Debug for UdCarrier<P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UdCarrier")
+            .field("rank", &self.rank)
+            .field("routes", &self.addresses())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<P: Provider> UdCarrier<P> {
+    /// Opens one UD queue pair on each of `providers` (route `r` on `providers[r]`) for rank
+    /// `rank` of a `size`-rank job and posts its receive buffers. Peers are added by
+    /// [`set_peers`](Self::set_peers).
+    pub fn new(
+        providers: Vec<P>,
+        rank: u32,
+        size: u32,
+        settings: UdSettings,
+    ) -> Result<UdCarrier<P>, VerbsError> {
+        if providers.is_empty() {
+            return Err(VerbsError::InvalidSetting(
+                "a UD carrier needs a port".into(),
+            ));
+        }
+        if settings.recv_buffers == 0 || settings.send_buffers == 0 {
+            return Err(VerbsError::InvalidSetting(format!(
+                "{} receive and {} send buffers (at least 1 each)",
+                settings.recv_buffers, settings.send_buffers
+            )));
+        }
+        let mut routes = Vec::with_capacity(providers.len());
+        for mut provider in providers {
+            let mtu = provider.ud_mtu();
+            if mtu < 64 {
+                return Err(VerbsError::InvalidSetting(format!("UD MTU of {mtu} bytes")));
+            }
+            let qp = provider.create_qp(
+                QpKind::Ud,
+                QpCaps {
+                    max_send_wr: settings.send_buffers,
+                    max_recv_wr: settings.recv_buffers,
+                    rnr_retry: 0,
+                },
+            )?;
+            let address = QpAddress {
+                port: provider.port(),
+                qpn: qp,
+            };
+            provider.connect(qp, address, settings.qkey)?;
+            let slot_len = mtu + GRH_LEN;
+            let recv_region =
+                provider.register(Buffer::Owned(vec![
+                    0;
+                    slot_len * settings.recv_buffers as usize
+                ]))?;
+            for slot in 0..settings.recv_buffers {
+                provider.post_recv(
+                    qp,
+                    u64::from(slot),
+                    Sge {
+                        mr: recv_region.id,
+                        offset: slot as usize * slot_len,
+                        len: slot_len,
+                    },
+                )?;
+            }
+            let send_region =
+                provider.register(Buffer::Owned(vec![0; mtu * settings.send_buffers as usize]))?;
+            routes.push(Route {
+                provider,
+                qp,
+                address,
+                recv_region,
+                send_region,
+                free_send: (0..settings.send_buffers).rev().collect(),
+                peers: vec![None; size as usize],
+                slot_len,
+                mtu,
+            });
+        }
+        let max_datagram = routes.iter().map(|r| r.mtu).min().unwrap_or(0) - 1;
+        Ok(UdCarrier {
+            rank,
+            size,
+            qkey: settings.qkey,
+            max_datagram,
+            closed: AtomicBool::new(false),
+            state: Mutex::new(State {
+                routes,
+                ranks: FxHashMap::default(),
+                control: VecDeque::new(),
+                pending: Vec::new(),
+                completions: Vec::new(),
+                counters: UdCounters::default(),
+            }),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State<P>> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> u32 {
+        self.rank
+    }
+
+    /// The UD queue pair of each route: what this rank publishes for its peers.
+    pub fn addresses(&self) -> Vec<QpAddress> {
+        self.lock().routes.iter().map(|r| r.address).collect()
+    }
+
+    /// Tells the carrier where the peers are: `table[rank][route]` (this rank's own entry is
+    /// ignored). A peer with fewer routes than this rank is unreachable on the missing ones.
+    pub fn set_peers(&self, table: &[Vec<QpAddress>]) -> Result<(), VerbsError> {
+        let mut guard = self.lock();
+        let s = &mut *guard;
+        for (peer, addresses) in (0u32..).zip(table) {
+            if peer == self.rank || peer >= self.size {
+                continue;
+            }
+            for (route, address) in s.routes.iter_mut().zip(addresses) {
+                let ah = route.provider.create_ah(address.port)?;
+                route.peers[peer as usize] = Some((*address, ah));
+                s.ranks.insert((address.port.lid, address.qpn.0), peer);
+            }
+        }
+        Ok(())
+    }
+
+    /// Its counters.
+    pub fn counters(&self) -> UdCounters {
+        self.lock().counters
+    }
+
+    /// Sends a connection-management message to `to` over the first route that takes it.
+    pub fn send_control(&self, to: u32, message: &[u8]) -> Result<(), TransportError> {
+        let mut last = TransportError::PeerUnreachable(to as usize);
+        for route in 0..self.routes() {
+            match self.send_kind(route, to, KIND_CONTROL, &[message]) {
+                Ok(()) => return Ok(()),
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+
+    /// Moves the connection-management messages received so far (sender, bytes) to `out`.
+    pub fn take_control(&self, out: &mut Vec<(u32, Bytes)>) {
+        out.extend(self.lock().control.drain(..));
+    }
+
+    fn send_kind(
+        &self,
+        route: usize,
+        to: u32,
+        kind: u8,
+        parts: &[&[u8]],
+    ) -> Result<(), TransportError> {
+        if self.closed.load(Ordering::Relaxed) {
+            return Err(TransportError::Closed);
+        }
+        let len = 1 + parts.iter().map(|p| p.len()).sum::<usize>();
+        let mut guard = self.lock();
+        let s = &mut *guard;
+        let Some(r) = s.routes.get_mut(route) else {
+            return Err(TransportError::PeerUnreachable(to as usize));
+        };
+        let Some(Some((dest, ah))) = r.peers.get(to as usize).copied() else {
+            return Err(TransportError::PeerUnreachable(to as usize));
+        };
+        if len > r.mtu {
+            return Err(TransportError::Io {
+                op: "UD send",
+                message: format!("datagram of {len} bytes exceeds the MTU of {}", r.mtu),
+            });
+        }
+        if r.free_send.is_empty() {
+            // Reclaim the buffers of completed sends first (keeping what was received).
+            let got = Self::poll_route(
+                r,
+                route,
+                &mut s.completions,
+                &mut s.counters,
+                &s.ranks,
+                &mut s.control,
+            );
+            s.pending.extend(got);
+        }
+        let Some(r) = s.routes.get_mut(route) else {
+            return Err(TransportError::PeerUnreachable(to as usize));
+        };
+        let Some(slot) = r.free_send.pop() else {
+            s.counters.send_failures += 1;
+            return Err(TransportError::Io {
+                op: "UD send",
+                message: "no free send buffer".into(),
+            });
+        };
+        let offset = slot as usize * r.mtu;
+        let mut bytes = Vec::with_capacity(len);
+        bytes.push(kind);
+        for p in parts {
+            bytes.extend_from_slice(p);
+        }
+        let posted = r
+            .provider
+            .write_local(r.send_region.id, offset, &bytes)
+            .and_then(|()| {
+                r.provider.post_send(
+                    r.qp,
+                    SendRequest {
+                        wr_id: WR_SEND | u64::from(slot),
+                        op: SendOp::SendTo {
+                            ah,
+                            qpn: dest.qpn,
+                            qkey: self.qkey,
+                            imm: None,
+                        },
+                        local: Some(Sge {
+                            mr: r.send_region.id,
+                            offset,
+                            len,
+                        }),
+                    },
+                )
+            });
+        match posted {
+            Ok(()) => {
+                s.counters.sent += 1;
+                Ok(())
+            }
+            Err(e) => {
+                r.free_send.push(slot);
+                s.counters.send_failures += 1;
+                Err(TransportError::Io {
+                    op: "UD send",
+                    message: e.to_string(),
+                })
+            }
+        }
+    }
+
+    /// Takes one route's completions: frees send buffers, reposts receive buffers, and files
+    /// received datagrams (link packets into `link`, control messages into `control`).
+    fn poll_route(
+        r: &mut Route<P>,
+        route: usize,
+        scratch: &mut Vec<Completion>,
+        counters: &mut UdCounters,
+        ranks: &FxHashMap<(u16, u32), u32>,
+        control: &mut VecDeque<(u32, Bytes)>,
+    ) -> Vec<Datagram> {
+        let mut link = Vec::new();
+        loop {
+            scratch.clear();
+            let n = match r.provider.poll_completions(scratch, 64) {
+                Ok(n) => n,
+                Err(e) => {
+                    tracing::debug!(route, error = %e, "UD completion poll failed");
+                    0
+                }
+            };
+            for c in scratch.iter() {
+                if c.wr_id & WR_SEND != 0 {
+                    r.free_send.push((c.wr_id & !WR_SEND) as u32);
+                    if c.status != CompletionStatus::Success {
+                        counters.failed_completions += 1;
+                    }
+                    continue;
+                }
+                let slot = c.wr_id as u32;
+                let offset = slot as usize * r.slot_len;
+                if c.status != CompletionStatus::Success {
+                    // Flushed (the port is down) or too long: a lost datagram. A flushed
+                    // buffer is not reposted, the queue pair is in error.
+                    counters.failed_completions += 1;
+                    if c.status != CompletionStatus::Flushed {
+                        let _ = r.provider.post_recv(
+                            r.qp,
+                            c.wr_id,
+                            Sge {
+                                mr: r.recv_region.id,
+                                offset,
+                                len: r.slot_len,
+                            },
+                        );
+                    }
+                    continue;
+                }
+                let len = c.byte_len.saturating_sub(GRH_LEN);
+                let bytes =
+                    r.provider
+                        .read_local(r.recv_region.id, offset + GRH_LEN, len.min(r.mtu));
+                let _ = r.provider.post_recv(
+                    r.qp,
+                    c.wr_id,
+                    Sge {
+                        mr: r.recv_region.id,
+                        offset,
+                        len: r.slot_len,
+                    },
+                );
+                let Ok(mut bytes) = bytes else {
+                    counters.failed_completions += 1;
+                    continue;
+                };
+                counters.received += 1;
+                if c.kind != CompletionKind::Recv || bytes.is_empty() {
+                    counters.malformed += 1;
+                    continue;
+                }
+                let from = c
+                    .source
+                    .and_then(|a| ranks.get(&(a.port.lid, a.qpn.0)).copied());
+                let kind = bytes.remove(0);
+                match (kind, from) {
+                    (KIND_LINK, _) => link.push(Datagram {
+                        route,
+                        from,
+                        bytes: Bytes::from(bytes),
+                    }),
+                    (KIND_CONTROL, Some(from)) => control.push_back((from, Bytes::from(bytes))),
+                    // Control messages from strangers are dropped.
+                    (KIND_CONTROL, None) => {}
+                    _ => counters.malformed += 1,
+                }
+            }
+            if n == 0 {
+                return link;
+            }
+        }
+    }
+}
+
+impl<P: Provider> Carrier for UdCarrier<P> {
+    fn routes(&self) -> usize {
+        self.lock().routes.len()
+    }
+
+    fn max_datagram(&self) -> usize {
+        self.max_datagram
+    }
+
+    fn send(&self, route: usize, to: u32, parts: &[&[u8]]) -> Result<(), TransportError> {
+        self.send_kind(route, to, KIND_LINK, parts)
+    }
+
+    fn recv(&self, out: &mut Vec<Datagram>) -> Result<usize, TransportError> {
+        if self.closed.load(Ordering::Relaxed) {
+            return Ok(0);
+        }
+        let mut guard = self.lock();
+        let s = &mut *guard;
+        let before = out.len();
+        out.append(&mut s.pending);
+        for (route, r) in s.routes.iter_mut().enumerate() {
+            out.extend(Self::poll_route(
+                r,
+                route,
+                &mut s.completions,
+                &mut s.counters,
+                &s.ranks,
+                &mut s.control,
+            ));
+        }
+        Ok(out.len() - before)
+    }
+
+    fn poll_recv_ready(&self, cx: &mut Context<'_>) -> Poll<()> {
+        let s = self.lock();
+        if !s.control.is_empty() || !s.pending.is_empty() {
+            return Poll::Ready(());
+        }
+        let mut ready = false;
+        for r in &s.routes {
+            // Poll every route, so each has the waker registered.
+            ready |= r.provider.poll_ready(cx).is_ready();
+        }
+        if ready {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    }
+
+    fn close(&self) {
+        self.closed.store(true, Ordering::Relaxed);
+    }
+}
