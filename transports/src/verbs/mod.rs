@@ -31,6 +31,7 @@ pub mod shared_port;
 pub mod sim;
 pub mod sim_job;
 pub mod ud_carrier;
+pub mod ud_multicast;
 
 use std::sync::Arc;
 

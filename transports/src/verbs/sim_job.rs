@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use rankweave_core::{Communicator, Config, Error};
+use rankweave_core::{Communicator, Config, Error, MulticastSetup};
 
 use super::adaptive::{self, AdaptiveSettings, AdaptiveTransport};
 use super::error::VerbsError;
@@ -11,6 +11,7 @@ use super::rc::RcTransport;
 use super::shared_port::SharedPort;
 use super::sim::{SimFabric, SimProvider};
 use super::ud_carrier;
+use super::ud_multicast::{UdMulticast, UdMulticastSettings};
 
 /// An in-process job over a simulated fabric with adaptive connections (see
 /// [`simulated_adaptive_world`]).
@@ -34,6 +35,8 @@ pub struct SimulatedTransports {
     pub transports: Vec<Arc<AdaptiveTransport<SimProvider>>>,
     /// Each rank's ports (route order).
     pub ports: Vec<Vec<SharedPort<SimProvider>>>,
+    /// The job's key.
+    pub job_key: u64,
 }
 
 /// The transports of an `n`-rank in-process job over a fresh [`SimFabric`] with `ports`
@@ -93,13 +96,14 @@ pub fn simulated_adaptive_transports(
         fabric,
         transports,
         ports: shared,
+        job_key,
     })
 }
 
 /// The world communicators of an `n`-rank in-process job over the simulated fabric with
-/// adaptive connections ([`AdaptiveTransport`]), `ports` ports per rank, with `settings`;
-/// with `multicast`, each communicator also gets a UD multicast group on the rank's first
-/// port. Must be called inside a tokio runtime.
+/// adaptive connections ([`AdaptiveTransport`]), `ports` ports per rank, with `settings`.
+/// When `config` turns multicast on ([`Config::multicast_enabled`]), every communicator also
+/// gets a UD multicast group ([`UdMulticast`]) on its rank's first port. Must be called inside a tokio runtime.
 pub fn simulated_adaptive_world(
     n: usize,
     ports: usize,
@@ -110,17 +114,26 @@ pub fn simulated_adaptive_world(
         fabric,
         transports,
         ports,
+        job_key,
     } = simulated_adaptive_transports(n, ports, config.peer_timeout, settings)
         .map_err(|e| Error::Transport(e.into()))?;
     let comms = transports
         .iter()
         .enumerate()
         .map(|(rank, t)| {
-            Communicator::world(
+            let multicast = config.multicast_enabled().then(|| MulticastSetup {
+                fabric: Arc::new(UdMulticast::new(
+                    ports[rank][0].clone(),
+                    UdMulticastSettings::default(),
+                )),
+                job_key,
+            });
+            Communicator::world_with_multicast(
                 rank,
                 n,
                 t.clone() as Arc<dyn rankweave_core::Transport>,
                 config.clone(),
+                multicast,
             )
         })
         .collect::<Result<Vec<_>, _>>()?;
