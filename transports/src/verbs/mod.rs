@@ -21,6 +21,7 @@ pub mod connection_manager;
 pub mod credits;
 #[cfg(feature = "verbs")]
 pub mod device;
+pub mod env;
 
 mod error;
 pub mod message;
