@@ -193,12 +193,29 @@ impl Stream {
         match rec {
             Record::Frame(_) if discard => Handled::Nothing,
             Record::Frame(bytes) => {
-                if self.arena.capacity() < bytes.len() {
-                    self.arena = BytesMut::with_capacity(ARENA_CHUNK.max(bytes.len()));
-                }
-                self.arena.extend_from_slice(bytes);
-                let frame = self.arena.split().freeze();
-                self.deliver(frame, out)
+                // The header is decoded where it lies in the ring; only the payload is copied
+                // out (the checks are `wire::decode`'s).
+                let (header, payload) = match wire::decode_header(bytes) {
+                    Ok((h, declared, used)) if declared == (bytes.len() - used) as u64 => {
+                        (h, &bytes[used..])
+                    }
+                    _ => return Handled::Malformed,
+                };
+                let n = payload.len();
+                let payload = if n == 0 {
+                    Bytes::new()
+                } else {
+                    if self.arena.capacity() < n {
+                        self.arena = BytesMut::with_capacity(ARENA_CHUNK.max(n));
+                    }
+                    self.arena.extend_from_slice(payload);
+                    self.arena.split().freeze()
+                };
+                out.push(Arrival::Frame {
+                    from: self.sender,
+                    frame: Frame { header, payload },
+                });
+                Handled::Delivered(n)
             }
             Record::SingleCopy {
                 token,

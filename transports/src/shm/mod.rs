@@ -129,6 +129,11 @@ struct InboundSet {
     /// Sender-list entries consumed.
     known: usize,
     rings: Vec<Inbound>,
+    /// Receive counters: plain integers, since every reader holds the lock (an atomic
+    /// read-modify-write per frame costs more than the rest of the bookkeeping).
+    frames_received: u64,
+    bytes_received: u64,
+    malformed_dropped: u64,
 }
 
 /// The progress task's parking state.
@@ -153,17 +158,14 @@ struct Park {
 /// again.
 const RECHECK: Duration = Duration::from_millis(1);
 
+/// The rare counters (the per-frame ones live in each peer's [`Outbound`] and in the
+/// [`InboundSet`], under the locks their writers hold anyway).
 #[derive(Default)]
 struct Counters {
+    /// Frames to this rank itself or to a peer already gone (not counted by any `Outbound`).
     frames_sent: AtomicU64,
     bytes_sent: AtomicU64,
-    frames_received: AtomicU64,
-    bytes_received: AtomicU64,
-    single_copy_sent: AtomicU64,
-    pipelined_sent: AtomicU64,
-    ring_full: AtomicU64,
     signals_sent: AtomicU64,
-    malformed_dropped: AtomicU64,
     peers_lost: AtomicU64,
 }
 
@@ -397,13 +399,22 @@ impl ShmRank {
         let mut s = ShmCounters::default();
         s.frames_sent = get(&c.frames_sent);
         s.bytes_sent = get(&c.bytes_sent);
-        s.frames_received = get(&c.frames_received);
-        s.bytes_received = get(&c.bytes_received);
-        s.single_copy_sent = get(&c.single_copy_sent);
-        s.pipelined_sent = get(&c.pipelined_sent);
-        s.ring_full = get(&c.ring_full);
+        for peer in self.connected_peers() {
+            let out = lock(&peer.out);
+            let o = &out.counts;
+            s.frames_sent += o.frames;
+            s.bytes_sent += o.bytes;
+            s.single_copy_sent += o.single_copy;
+            s.pipelined_sent += o.pipelined;
+            s.ring_full += out.full_events;
+        }
+        {
+            let inbound = lock(&self.inbound);
+            s.frames_received = inbound.frames_received;
+            s.bytes_received = inbound.bytes_received;
+            s.malformed_dropped = inbound.malformed_dropped;
+        }
         s.signals_sent = get(&c.signals_sent);
-        s.malformed_dropped = get(&c.malformed_dropped);
         s.peers_lost = get(&c.peers_lost);
         s
     }
@@ -519,10 +530,8 @@ impl ShmRank {
         let (r, published) = {
             let mut out = lock(&peer.out);
             let before = out.has_queued();
-            let full_before = out.full_events;
             let (r, published) = f(&mut out);
             let after = out.has_queued();
-            bump(&self.counters.ring_full, out.full_events - full_before);
             match (before, after) {
                 (false, true) => {
                     self.queued_peers.fetch_add(1, Ordering::AcqRel);
@@ -607,6 +616,7 @@ impl ShmRank {
         let before = out.len();
         let mut effects = Vec::new();
         let mut lost = Vec::new();
+        let (mut malformed, mut bytes) = (0, 0);
         for ring in inbound.rings.iter_mut() {
             if !ring.has_records(&self.own) {
                 continue;
@@ -620,8 +630,8 @@ impl ShmRank {
                 discard,
             };
             let outcome = ring.read(&self.own, &into, READ_BUDGET, out, &mut effects);
-            bump(&self.counters.malformed_dropped, outcome.malformed as u64);
-            bump(&self.counters.bytes_received, outcome.bytes as u64);
+            malformed += outcome.malformed as u64;
+            bytes += outcome.bytes as u64;
             let Some(peer) = peer else {
                 if !ring.has_records(&self.own) {
                     ring.break_off(&self.own);
@@ -659,7 +669,9 @@ impl ShmRank {
                 self.nudge(peer);
             }
         }
-        bump(&self.counters.frames_received, (out.len() - before) as u64);
+        inbound.malformed_dropped += malformed;
+        inbound.bytes_received += bytes;
+        inbound.frames_received += (out.len() - before) as u64;
         out.extend(lost.into_iter().map(|rank| Arrival::PeerLost { rank }));
         out.len() - before
     }
@@ -748,9 +760,9 @@ impl Transport for ShmRank {
         if self.closed.load(Ordering::Acquire) {
             return Err(TransportError::Closed);
         }
-        bump(&self.counters.frames_sent, 1);
-        bump(&self.counters.bytes_sent, frame.payload.len() as u64);
         if to == self.me.rank {
+            bump(&self.counters.frames_sent, 1);
+            bump(&self.counters.bytes_sent, frame.payload.len() as u64);
             return self
                 .loopback
                 .push(Arrival::Frame {
@@ -764,16 +776,12 @@ impl Transport for ShmRank {
             // Dropped, as a network drops datagrams to a host that is gone: `drain` reports the
             // loss after reading what the peer sent before leaving. An error here would make
             // the driver declare it lost at once, failing receives those frames would match.
+            bump(&self.counters.frames_sent, 1);
+            bump(&self.counters.bytes_sent, frame.payload.len() as u64);
             return Ok(());
         }
         let me = self.me.rank;
-        let path = self.with_outbound(peer, |out| out.send(&peer.segment, me, frame));
-        if path.single_copy {
-            bump(&self.counters.single_copy_sent, 1);
-        }
-        if path.pipelined {
-            bump(&self.counters.pipelined_sent, 1);
-        }
+        self.with_outbound(peer, |out| ((), out.send(&peer.segment, me, frame)));
         Ok(())
     }
 

@@ -40,11 +40,14 @@ enum Queued {
     },
 }
 
-/// What one send did, for the transport's counters.
+/// Frames sent to the peer, for the transport's counters (plain integers: the transport holds
+/// this side's lock whenever it sends).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct SendPath {
-    pub(crate) single_copy: bool,
-    pub(crate) pipelined: bool,
+pub(crate) struct SendCounts {
+    pub(crate) frames: u64,
+    pub(crate) bytes: u64,
+    pub(crate) single_copy: u64,
+    pub(crate) pipelined: u64,
 }
 
 /// The producer side of the ring to one peer, with its queue and held payloads.
@@ -58,6 +61,8 @@ pub(crate) struct Outbound {
     inline_max: usize,
     /// Times a record found the ring full and had to wait.
     pub(crate) full_events: u64,
+    /// What was sent.
+    pub(crate) counts: SendCounts,
     /// Waiting for the receiver to free space (counted once per wait).
     blocked: bool,
 }
@@ -74,6 +79,7 @@ impl Outbound {
             next_token: 0,
             inline_max: inline_max.min(geometry.max_body()),
             full_events: 0,
+            counts: SendCounts::default(),
             blocked: false,
         })
     }
@@ -99,15 +105,16 @@ impl Outbound {
         self.held.clear();
     }
 
-    /// Sends `frame` to the peer whose segment is `peer`; `me` is this rank. Returns how the
-    /// frame went and whether a record was published (the peer may need a signal).
-    pub(crate) fn send(&mut self, peer: &Segment, me: u32, frame: Frame) -> (SendPath, bool) {
+    /// Sends `frame` to the peer whose segment is `peer`; `me` is this rank. Returns whether a
+    /// record was published (the peer may need a signal).
+    pub(crate) fn send(&mut self, peer: &Segment, me: u32, frame: Frame) -> bool {
+        self.counts.frames += 1;
+        self.counts.bytes += frame.payload.len() as u64;
         let mut header = [0u8; wire::MAX_HEADER_LEN];
         let hlen = wire::encoded_len(&frame.header);
         wire::encode_header(&frame.header, frame.payload.len(), &mut &mut header[..]);
         let header = &header[..hlen];
         let total = hlen + frame.payload.len();
-        let mut path = SendPath::default();
         let queued = if total <= self.inline_max {
             // The common case, without an allocation: straight into the ring.
             if self.queue.is_empty() {
@@ -118,7 +125,7 @@ impl Outbound {
                         .try_push(control, &data, record::FRAME, &parts)
                         == Pushed::Done
                     {
-                        return (path, true);
+                        return true;
                     }
                 }
             }
@@ -129,7 +136,7 @@ impl Outbound {
         } else if peer.pair_info(me).is_some_and(|p| {
             p.single_copy.load(std::sync::atomic::Ordering::Acquire) == SINGLE_COPY_YES
         }) {
-            path.single_copy = true;
+            self.counts.single_copy += 1;
             let token = self.next_token;
             self.next_token += 1;
             let prefix = record::single_copy_prefix(
@@ -143,7 +150,7 @@ impl Outbound {
                 body: [&prefix[..], header].concat(),
             }
         } else {
-            path.pipelined = true;
+            self.counts.pipelined += 1;
             Queued::Pieces {
                 header: header.to_vec(),
                 payload: frame.payload,
@@ -151,8 +158,7 @@ impl Outbound {
             }
         };
         self.queue.push_back(queued);
-        let pushed = self.flush(peer, me);
-        (path, pushed)
+        self.flush(peer, me)
     }
 
     /// Queues a control record (`DONE`, `BYE`) and tries to send it.
