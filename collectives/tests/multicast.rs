@@ -1,10 +1,10 @@
 //! The multicast broadcasts over real IP multicast (loopback) between in-process ranks with
 //! shared-memory point-to-point: every rank gets the root's bytes at any multicast loss rate.
 
-use bytes::Bytes;
-use rankweave_collectives::Collectives;
+mod common;
+
 use rankweave_core::tuning::BcastAlgorithm;
-use rankweave_core::{ChaosSpec, Communicator, Config};
+use rankweave_core::{ChaosSpec, Config};
 
 fn config(algorithm: BcastAlgorithm, loss: Option<&str>) -> Config {
     let mut c = Config::default();
@@ -16,40 +16,9 @@ fn config(algorithm: BcastAlgorithm, loss: Option<&str>) -> Config {
     c
 }
 
-fn payload(b: usize, len: usize) -> Bytes {
-    Bytes::from(
-        (0..len)
-            .map(|i| (i as u8).wrapping_mul(13).wrapping_add(b as u8))
-            .collect::<Vec<u8>>(),
-    )
-}
-
 async fn run(config: Config, n: usize, rounds: usize) -> Vec<rankweave_collectives::BcastStats> {
     let comms = rankweave_transports::shm::world(n, &config).expect("world");
-    let tasks: Vec<_> = comms
-        .into_iter()
-        .map(|comm: Communicator| {
-            tokio::spawn(async move {
-                for b in 0..rounds {
-                    let root = b % comm.size();
-                    let len = [0, 1, 8, 5000, 70_000][b % 5];
-                    let mine = if comm.rank() == root {
-                        payload(b, len)
-                    } else {
-                        Bytes::new()
-                    };
-                    let got = comm.broadcast(root, mine).await.expect("broadcast");
-                    assert_eq!(got, payload(b, len), "rank {} broadcast {b}", comm.rank());
-                }
-                comm.multicast_stats().expect("the engine ran")
-            })
-        })
-        .collect();
-    let mut stats = Vec::new();
-    for t in tasks {
-        stats.push(t.await.expect("rank"));
-    }
-    stats
+    common::broadcast_rounds(comms, rounds).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -3,12 +3,13 @@
 //! no loss, with the fabric losing a share of all UD datagrams (multicast and the UD
 //! point-to-point path alike), and with every multicast datagram lost.
 
+mod common;
+
 use std::time::Duration;
 
-use bytes::Bytes;
-use rankweave_collectives::{BcastStats, Collectives};
+use rankweave_collectives::BcastStats;
+use rankweave_core::Config;
 use rankweave_core::tuning::BcastAlgorithm;
-use rankweave_core::{Communicator, Config};
 use rankweave_transports::verbs::{AdaptiveSettings, simulated_adaptive_world};
 
 fn config(algorithm: BcastAlgorithm) -> Config {
@@ -20,14 +21,6 @@ fn config(algorithm: BcastAlgorithm) -> Config {
     c.multicast.min_ranks = 2;
     c.multicast.channels = 4;
     c
-}
-
-fn payload(b: usize, len: usize) -> Bytes {
-    Bytes::from(
-        (0..len)
-            .map(|i| (i as u8).wrapping_mul(13).wrapping_add(b as u8))
-            .collect::<Vec<u8>>(),
-    )
 }
 
 /// Loss: `None`, or per mille of every UD datagram; `u32::MAX`: every multicast datagram.
@@ -47,38 +40,12 @@ async fn run(config: Config, n: usize, rounds: usize, loss: Option<u32>) -> Vec<
         Some(per_mille) => job.fabric.set_datagram_loss(per_mille, 0x5eed),
         None => {}
     }
-    let tasks: Vec<_> = job
-        .comms
-        .into_iter()
-        .map(|comm: Communicator| {
-            tokio::spawn(async move {
-                for b in 0..rounds {
-                    let root = b % comm.size();
-                    let len = [0, 1, 8, 5000, 70_000][b % 5];
-                    let mine = if comm.rank() == root {
-                        payload(b, len)
-                    } else {
-                        Bytes::new()
-                    };
-                    let got = comm.broadcast(root, mine).await.expect("broadcast");
-                    assert_eq!(got, payload(b, len), "rank {} broadcast {b}", comm.rank());
-                }
-                let stats = comm.multicast_stats().expect("the engine ran");
-                comm.shutdown().await;
-                stats
-            })
-        })
-        .collect();
-    let mut stats = Vec::new();
-    let all = async {
-        for t in tasks {
-            stats.push(t.await.expect("rank"));
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(120), all)
-        .await
-        .expect("broadcasts finished");
-    stats
+    tokio::time::timeout(
+        Duration::from_secs(120),
+        common::broadcast_rounds(job.comms, rounds),
+    )
+    .await
+    .expect("broadcasts finished")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -57,3 +57,59 @@ where
 {
     job_with(n, &Config::default(), f).await
 }
+
+/// What broadcast `b` of `len` bytes carries in the multicast broadcast tests.
+pub fn bcast_payload(b: usize, len: usize) -> bytes::Bytes {
+    bytes::Bytes::from(
+        (0..len)
+            .map(|i| (i as u8).wrapping_mul(13).wrapping_add(b as u8))
+            .collect::<Vec<u8>>(),
+    )
+}
+
+/// Runs `rounds` broadcasts on every rank of `comms` (root `b mod size`, sizes from 0 B to
+/// 70 KB in turn), checks every rank's bytes, shuts each rank down and returns its multicast
+/// counters. A rank that does not finish within [`RANK_TIMEOUT`] fails the test.
+pub async fn broadcast_rounds(
+    comms: Vec<Communicator>,
+    rounds: usize,
+) -> Vec<rankweave_collectives::BcastStats> {
+    use rankweave_collectives::Collectives;
+    let n = comms.len();
+    let tasks: Vec<_> = comms
+        .into_iter()
+        .map(|comm| {
+            tokio::spawn(async move {
+                for b in 0..rounds {
+                    let root = b % comm.size();
+                    let len = [0, 1, 8, 5000, 70_000][b % 5];
+                    let mine = if comm.rank() == root {
+                        bcast_payload(b, len)
+                    } else {
+                        bytes::Bytes::new()
+                    };
+                    let got = comm.broadcast(root, mine).await.expect("broadcast");
+                    assert_eq!(
+                        got,
+                        bcast_payload(b, len),
+                        "rank {} broadcast {b}",
+                        comm.rank()
+                    );
+                }
+                let stats = comm.multicast_stats().expect("the engine ran");
+                comm.shutdown().await;
+                stats
+            })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for (rank, t) in tasks.into_iter().enumerate() {
+        out.push(
+            tokio::time::timeout(RANK_TIMEOUT, t)
+                .await
+                .unwrap_or_else(|_| panic!("rank {rank} of {n} timed out"))
+                .expect("rank panicked"),
+        );
+    }
+    out
+}
