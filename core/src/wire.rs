@@ -235,15 +235,19 @@ struct Reader<'a> {
 }
 
 impl<'a> Reader<'a> {
+    #[inline]
     fn array<const N: usize>(&mut self) -> Result<[u8; N], DecodeError> {
-        let too_short = DecodeError::TooShort {
-            need: self.pos.saturating_add(N),
-            have: self.buf.len(),
-        };
-        let rest = self.buf.get(self.pos..).ok_or(too_short)?;
-        let (bytes, _) = rest.split_first_chunk::<N>().ok_or(too_short)?;
-        self.pos += N;
-        Ok(*bytes)
+        // The error is built only on failure: this runs for every field of every frame.
+        match self.buf.get(self.pos..).and_then(|r| r.first_chunk::<N>()) {
+            Some(bytes) => {
+                self.pos += N;
+                Ok(*bytes)
+            }
+            None => Err(DecodeError::TooShort {
+                need: self.pos.saturating_add(N),
+                have: self.buf.len(),
+            }),
+        }
     }
 
     fn u8(&mut self) -> Result<u8, DecodeError> {

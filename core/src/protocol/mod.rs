@@ -160,6 +160,9 @@ impl Incoming {
 
 #[derive(Debug)]
 enum RecvState {
+    /// Just created: `post` gives it its real state before anyone can observe it (a
+    /// placeholder with nothing to drop).
+    Unposted,
     /// Waiting in the posted-receive queue.
     Posted(PostedKey),
     /// Matched an RTS; fragments are arriving.
@@ -397,11 +400,10 @@ impl Endpoint {
     /// Posts a receive for messages matching `sel`. With `max_len`, a longer message fails the
     /// receive with [`Error::Truncated`] and stays queued for the next receive.
     pub fn post_recv(&mut self, sel: Selector, max_len: Option<usize>) -> RecvId {
-        // The placeholder state is replaced by `post` before anyone can observe it.
         let id = RecvId(self.recvs.insert(RecvOp {
             sel,
             max_len,
-            state: RecvState::Failed(Error::Shutdown),
+            state: RecvState::Unposted,
             orphaned: false,
             adopted_by: None,
         }));
@@ -494,7 +496,10 @@ impl Endpoint {
                 Some(Ok(Matched { received, seq, key }))
             }
             RecvState::Failed(e) => Some(Err(e)),
-            RecvState::Posted(_) | RecvState::Receiving { .. } | RecvState::Adopting { .. } => None,
+            RecvState::Unposted
+            | RecvState::Posted(_)
+            | RecvState::Receiving { .. }
+            | RecvState::Adopting { .. } => None,
         }
     }
 
@@ -548,6 +553,9 @@ impl Endpoint {
             }
             RecvState::Posted(key) => {
                 self.matcher.cancel(key);
+                self.recvs.remove(id.0);
+            }
+            RecvState::Unposted => {
                 self.recvs.remove(id.0);
             }
             RecvState::Done { .. } | RecvState::Failed(_) => {
