@@ -130,10 +130,17 @@ impl Driver {
         })
     }
 
-    /// Runs `check`; only if it has no answer yet, takes in arrivals and runs it again.
+    /// Runs `check`; only if it has no answer yet and the transport may have something, takes
+    /// in arrivals and runs it again.
     fn check_or_pump<R>(&self, mut check: impl FnMut(&mut DriverState) -> Option<R>) -> Option<R> {
         self.run(|d, st, wake| {
             check(st).or_else(|| {
+                // A waiting future's first poll usually comes before its answer: skip the
+                // empty drain (the transport's hint is exact for shared memory and in-process,
+                // and `true` for the others).
+                if !d.transport.may_have_arrivals() {
+                    return None;
+                }
                 d.pump(st, wake);
                 check(st)
             })
