@@ -268,10 +268,14 @@ impl Communicator {
     }
 
     fn check_rank(&self, rank: usize) -> Result<u32, Error> {
-        self.inner.group.world_of(rank).ok_or(Error::InvalidRank {
-            rank,
-            size: self.size(),
-        })
+        // `ok_or_else`: an `Error` built eagerly is dropped on every send and receive.
+        self.inner
+            .group
+            .world_of(rank)
+            .ok_or_else(|| Error::InvalidRank {
+                rank,
+                size: self.size(),
+            })
     }
 
     fn check_tag(tag: u32) -> Result<u32, Error> {
