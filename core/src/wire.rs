@@ -191,6 +191,19 @@ fn put_envelope(env: &Envelope, out: &mut impl BufMut) {
 /// Like every [`BufMut`] write, if `out` has less room than [`encoded_len`]`(header)` bytes and
 /// cannot grow (a `BytesMut` or `Vec<u8>` grows; a `&mut [u8]` does not).
 pub fn encode_header(header: &Header, payload_len: usize, out: &mut impl BufMut) {
+    if let Header::Eager(env) = header {
+        // The commonest header, built in place and written at once (one bounds check).
+        let mut h = [0u8; EAGER_HEADER_LEN];
+        h[0] = MAGIC_VERSION;
+        h[1] = kind::EAGER;
+        h[2..10].copy_from_slice(&env.context.0.to_le_bytes());
+        h[10..14].copy_from_slice(&env.tag.to_le_bytes());
+        h[14..22].copy_from_slice(&env.seq.to_le_bytes());
+        h[22..30].copy_from_slice(&env.len.to_le_bytes());
+        h[30..38].copy_from_slice(&u64::try_from(payload_len).unwrap_or(u64::MAX).to_le_bytes());
+        out.put_slice(&h);
+        return;
+    }
     out.put_u8(MAGIC_VERSION);
     out.put_u8(kind_of(header));
     match header {
@@ -284,6 +297,9 @@ impl<'a> Reader<'a> {
 /// encoded length (where the payload would start). Makes every check [`decode`] makes except
 /// those on the payload's presence. Never panics.
 pub fn decode_header(buf: &[u8]) -> Result<(Header, u64, usize), DecodeError> {
+    if let Some(r) = decode_eager_header(buf) {
+        return r;
+    }
     let have = buf.len();
     let mut r = Reader { buf, pos: 0 };
     let [magic_version, kind] = r.array::<PREFIX_LEN>()?;
@@ -337,6 +353,38 @@ pub fn decode_header(buf: &[u8]) -> Result<(Header, u64, usize), DecodeError> {
         return Err(DecodeError::ImpossibleLength(declared));
     }
     Ok((header, declared, r.pos))
+}
+
+/// Bytes of an Eager frame's header.
+const EAGER_HEADER_LEN: usize = PREFIX_LEN + ENVELOPE_FIELDS + LEN_FIELD;
+
+/// [`decode_header`] for the commonest frame, a well-formed Eager header of this version:
+/// fixed offsets in one bounds-checked array instead of a checked read per field. `None`
+/// for anything else (the general path then decides, errors included).
+#[inline]
+fn decode_eager_header(buf: &[u8]) -> Option<Result<(Header, u64, usize), DecodeError>> {
+    let h = buf.first_chunk::<EAGER_HEADER_LEN>()?;
+    if h[0] != MAGIC_VERSION || h[1] != kind::EAGER {
+        return None;
+    }
+    let u64_at = |at: usize| {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&h[at..at + 8]);
+        u64::from_le_bytes(b)
+    };
+    let mut tag = [0u8; 4];
+    tag.copy_from_slice(&h[10..14]);
+    let (context, seq, len, declared) = (u64_at(2), u64_at(14), u64_at(22), u64_at(30));
+    if usize::try_from(len).is_err() || usize::try_from(declared).is_err() {
+        return None;
+    }
+    let envelope = Envelope {
+        context: ContextId(context),
+        tag: u32::from_le_bytes(tag),
+        seq,
+        len,
+    };
+    Some(Ok((Header::Eager(envelope), declared, EAGER_HEADER_LEN)))
 }
 
 /// Decodes one frame that fills `bytes` exactly. The payload is a slice of `bytes` (no copy).
@@ -438,6 +486,34 @@ mod tests {
             },
             Header::Credit { bytes: n },
         ]
+    }
+
+    #[test]
+    fn eager_fast_paths_keep_the_documented_layout() {
+        // Byte 0 magic|version, byte 1 kind, then context u64, tag u32, seq u64, len u64 and
+        // the payload length u64, all little-endian: what the general field-by-field path reads.
+        let e = env(0x0102_0304_0506_0708, 0x1122_3344, 0x99, 5);
+        let mut expected = vec![MAGIC_VERSION, kind::EAGER];
+        expected.extend_from_slice(&e.context.0.to_le_bytes());
+        expected.extend_from_slice(&e.tag.to_le_bytes());
+        expected.extend_from_slice(&e.seq.to_le_bytes());
+        expected.extend_from_slice(&e.len.to_le_bytes());
+        expected.extend_from_slice(&5u64.to_le_bytes());
+        let mut out = Vec::new();
+        encode_header(&Header::Eager(e), 5, &mut out);
+        assert_eq!(out, expected);
+        assert_eq!(out.len(), encoded_len(&Header::Eager(e)));
+        assert_eq!(
+            decode_header(&out),
+            Ok((Header::Eager(e), 5, EAGER_HEADER_LEN))
+        );
+        // A header the fast path declines (another version) still gets the general path's error.
+        let mut other = out.clone();
+        other[0] = MAGIC | 2;
+        assert_eq!(
+            decode_header(&other),
+            Err(DecodeError::UnsupportedVersion(2))
+        );
     }
 
     #[test]
