@@ -1,7 +1,8 @@
 //! [`CollectiveOp`]: the future a collective returns.
 //!
-//! A collective starts when it is called: its sequence number is taken at once, and its
-//! algorithm runs as a task of the rank's tokio runtime. So it makes progress — receiving,
+//! A collective starts when it is called: its sequence number is taken at once, its algorithm
+//! is polled once on the spot (enough to finish it when its inputs are already here), and
+//! whatever is left runs as a task of the rank's tokio runtime. So it makes progress — receiving,
 //! combining and forwarding to the ranks below it in a tree — whether or not the caller polls
 //! the returned future: a rank that started a broadcast and then computes for a while does not
 //! hold up the ranks it forwards to (Yu's NIC-based collectives; here the runtime plays the
@@ -11,8 +12,9 @@
 //! so it runs to completion (like a dropped send).
 
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 
 use rankweave_core::Error;
 use tokio::task::JoinHandle;
@@ -42,9 +44,26 @@ impl<T: Send + 'static> CollectiveOp<T> {
         rank: usize,
         run: impl Future<Output = Result<T, Error>> + Send + 'static,
     ) -> Self {
-        let state = match tokio::runtime::Handle::try_current() {
-            Ok(handle) => State::Spawned(handle.spawn(run)),
-            Err(_) => State::Inline(Box::pin(run)),
+        let mut run: BoxedRun<T> = Box::pin(run);
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return CollectiveOp {
+                state: State::Inline(run),
+                rank,
+            };
+        };
+        // One look first: a collective whose inputs are already here (a late rank's barrier, a
+        // broadcast root's eager sends) finishes at once, without a task and the scheduler
+        // round trips of handing its result back. A pending one is then spawned and polled
+        // again there, which registers the task's waker: nothing this look saw is missed.
+        let mut cx = Context::from_waker(Waker::noop());
+        let first = std::panic::catch_unwind(AssertUnwindSafe(|| run.as_mut().poll(&mut cx)));
+        let state = match first {
+            Ok(Poll::Ready(result)) => State::Ready(Some(result)),
+            Ok(Poll::Pending) => State::Spawned(handle.spawn(run)),
+            Err(_) => State::Ready(Some(Err(Error::RankPanicked {
+                rank,
+                message: "a collective panicked".into(),
+            }))),
         };
         CollectiveOp { state, rank }
     }

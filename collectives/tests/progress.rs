@@ -181,3 +181,24 @@ async fn every_collective_on_256_ranks() {
         }
     }
 }
+
+/// A collective whose inputs are already there finishes at the call, without a task: alone in
+/// its communicator, or the second rank of a barrier whose peer's message has arrived. One that
+/// must wait runs as a task and still completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collective_with_its_inputs_here_finishes_at_the_call() {
+    let comms = rankweave_transports::inproc::world(1, &Config::default()).expect("world");
+    let op = comms[0].all_reduce(&[5u32], Op::Sum);
+    assert!(format!("{op:?}").contains("ready"), "{op:?}");
+    assert_eq!(op.await.expect("all_reduce"), vec![5]);
+
+    let comms = rankweave_transports::inproc::world(2, &Config::default()).expect("world");
+    let early = comms[0].barrier();
+    assert!(format!("{early:?}").contains("running"), "{early:?}");
+    // Rank 0's first look sent its barrier message into rank 1's mailbox (in-process sends
+    // are synchronous), so rank 1's barrier has all it needs at the call.
+    let late = comms[1].barrier();
+    assert!(format!("{late:?}").contains("ready"), "{late:?}");
+    late.await.expect("barrier");
+    early.await.expect("barrier");
+}
