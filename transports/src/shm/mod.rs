@@ -424,10 +424,18 @@ impl ShmRank {
     }
 
     /// The peer `rank`, mapped on first use.
+    #[inline]
     fn peer(&self, rank: u32) -> Result<&Arc<Peer>, TransportError> {
-        if let Some(p) = self.peer_if_connected(rank) {
-            return Ok(p);
+        match self.peer_if_connected(rank) {
+            Some(p) => Ok(p),
+            None => self.connect_peer(rank),
         }
+    }
+
+    /// [`peer`](Self::peer) on first contact (kept apart so the common case stays a load).
+    #[cold]
+    #[inline(never)]
+    fn connect_peer(&self, rank: u32) -> Result<&Arc<Peer>, TransportError> {
         let slot = self
             .peers
             .get(rank as usize)
