@@ -131,14 +131,19 @@ impl Driver {
     }
 
     /// Runs `check`; only if it has no answer yet and the transport may have something, takes
-    /// in arrivals and runs it again.
-    fn check_or_pump<R>(&self, mut check: impl FnMut(&mut DriverState) -> Option<R>) -> Option<R> {
+    /// in arrivals and runs it again. `arrived`: the caller has just seen
+    /// [`Transport::may_have_arrivals`] say yes.
+    fn check_or_pump<R>(
+        &self,
+        arrived: bool,
+        mut check: impl FnMut(&mut DriverState) -> Option<R>,
+    ) -> Option<R> {
         self.run(|d, st, wake| {
             check(st).or_else(|| {
                 // A waiting future's first poll usually comes before its answer: skip the
                 // empty drain (the transport's hint is exact for shared memory and in-process,
                 // and `true` for the others).
-                if !d.transport.may_have_arrivals() {
+                if !arrived && !d.transport.may_have_arrivals() {
                     return None;
                 }
                 d.pump(st, wake);
@@ -229,7 +234,7 @@ impl Driver {
         mut check: impl FnMut(&mut DriverState) -> Option<T>,
         park: impl FnOnce(&mut DriverState, &Waker),
     ) -> Poll<T> {
-        if let Some(r) = self.check_or_pump(&mut check) {
+        if let Some(r) = self.check_or_pump(false, &mut check) {
             return Poll::Ready(r);
         }
         if wait.should_spin(&self.config) {
@@ -247,7 +252,7 @@ impl Driver {
                 // Watch the transport's doorbell (one load) and take the lock only when something
                 // arrived: the reply is seen as soon as its cache line lands.
                 if self.transport.may_have_arrivals() {
-                    if let Some(r) = self.check_or_pump(&mut check) {
+                    if let Some(r) = self.check_or_pump(true, &mut check) {
                         return Poll::Ready(r);
                     }
                 }

@@ -565,10 +565,16 @@ impl ShmRank {
     }
 
     /// Whether records wait for ring space that has been freed.
+    #[inline]
     fn can_flush(&self) -> bool {
-        if self.queued_peers.load(Ordering::Acquire) == 0 {
-            return false;
-        }
+        self.queued_peers.load(Ordering::Acquire) != 0 && self.can_flush_queued()
+    }
+
+    /// [`can_flush`](Self::can_flush) once some peer has records queued (rare: kept out of
+    /// the busy-poll loop's code).
+    #[cold]
+    #[inline(never)]
+    fn can_flush_queued(&self) -> bool {
         let me = self.me.rank;
         self.connected_peers().iter().any(|p| {
             !p.gone.load(Ordering::Acquire)
