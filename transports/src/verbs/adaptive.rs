@@ -148,8 +148,8 @@ impl<P: Provider> std::fmt::Debug for AdaptiveTransport<P> {
 
 impl<P: Provider> AdaptiveTransport<P> {
     /// Rank `rank`'s transport: `carrier` (its UD routes, peers set) under a link layer with
-    /// `link`, and `rc` for the RC connections (made with [`RcTransport::on_demand`] on the
-    /// first route's port).
+    /// `link`, and `rc` for the RC connections (made with [`RcTransport::on_demand`], one
+    /// lane per port).
     pub fn new(
         carrier: UdCarrier<PortHandle<P>>,
         rc: RcTransport<PortHandle<P>>,

@@ -430,3 +430,79 @@ async fn a_failed_port_moves_ud_traffic_to_the_other_route() {
     );
     assert_eq!(job.transports[0].counters().frames_over_rc, 0);
 }
+
+/// Both ranks RC-connected over two ports (one lane each) exchange a stream of eager
+/// messages around large ones (striped across the lanes); mid-way, rank 1's first port goes
+/// down. Every message arrives intact and in order over the other lane; both sides saw the
+/// lane fail and kept the connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_port_moves_rc_traffic_to_the_other_lane() {
+    let config = Config {
+        peer_timeout: Duration::from_secs(30),
+        ..Config::default()
+    };
+    let job = simulated_adaptive_world(2, 2, &config, settings(Some(2))).unwrap();
+    let fabric = job.fabric.clone();
+    let victim = job.ports[1][0].port().lid;
+    let count = 60u32;
+    let big = |i: u32| i % 20 == 15;
+    let len = move |i: u32| {
+        if big(i) {
+            12 << 20
+        } else {
+            (i as usize * 97) % 5000
+        }
+    };
+    let mut tasks = tokio::task::JoinSet::new();
+    for comm in job.comms {
+        let fabric = fabric.clone();
+        tasks.spawn(async move {
+            let me = comm.rank();
+            let other = 1 - me;
+            let sends: Vec<_> = (0..count)
+                .map(|i| comm.send(other, i, pattern(u64::from(i) + 1000 * me as u64, len(i))))
+                .collect();
+            for i in 0..count {
+                let m = comm.recv(Source::Rank(other), Tag::Value(i)).await.unwrap();
+                assert_eq!(
+                    m.data(),
+                    &pattern(u64::from(i) + 1000 * other as u64, len(i))[..],
+                    "message {i} to rank {me}"
+                );
+                if me == 1 && i == 20 {
+                    fabric.fail_port(victim);
+                }
+            }
+            for s in sends {
+                s.await.unwrap();
+            }
+            // Both sides are done before either closes.
+            let done = comm.send(other, 999, Vec::<u8>::new());
+            comm.recv(Source::Rank(other), Tag::Value(999))
+                .await
+                .unwrap();
+            done.await.unwrap();
+            comm.shutdown().await;
+        });
+    }
+    tokio::time::timeout(Duration::from_secs(120), async {
+        while let Some(r) = tasks.join_next().await {
+            r.unwrap();
+        }
+    })
+    .await
+    .expect("the transfer completed over the other lane");
+    for (me, t) in job.transports.iter().enumerate() {
+        let other = 1 - me as u32;
+        assert!(t.is_over_rc(other), "rank {me} is on RC");
+        let rc = t.rc().counters();
+        assert!(rc.stream.frames_striped >= 1, "rank {me}: {rc:?}");
+        assert!(rc.stream.bytes_per_lane[1] > 0, "rank {me}: {rc:?}");
+        assert_eq!(rc.stream.lane_failures, 1, "rank {me}: {rc:?}");
+        assert!(
+            !t.rc().lane_up(other, 0),
+            "rank {me} still uses the failed lane"
+        );
+        assert!(t.rc().lane_up(other, 1), "rank {me} lost the other lane");
+    }
+}

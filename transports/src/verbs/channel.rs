@@ -1,17 +1,23 @@
-//! One RC connection's protocol, as a sans-IO state machine: eager messages under credits,
-//! rendezvous by RDMA write with immediate data, and delivery in the sender's order.
+//! One RC connection's protocol, as a sans-IO state machine: eager messages under credits
+//! and rendezvous by RDMA write with immediate data.
 //!
 //! The driver feeds it what the completion queue reports ([`RcChannel::on_message`],
 //! [`RcChannel::on_write_done`]) and frames to send ([`RcChannel::send`]); it drains what the
 //! channel wants done: [`RcChannel::poll_transmit`] (a message for a send buffer, or an RDMA
 //! write), [`RcChannel::poll_allocation`] (register a buffer for an incoming transfer, then
-//! [`RcChannel::buffer_ready`]) and [`RcChannel::poll_frame`] (frames for the message layer, in
-//! the order they were sent). It never touches the provider.
+//! [`RcChannel::buffer_ready`]) and [`RcChannel::poll_frame`] (frames that are complete). It
+//! never touches the provider.
 //!
-//! A frame whose message does not fit a receive buffer goes by rendezvous: an Rts takes its
-//! place in the stream, the receiver answers with a Cts naming a registered buffer, and the
-//! sender writes the payload there with immediate data (the transfer id). Frames after it wait
-//! at the receiver until its payload is in place, so the connection stays ordered.
+//! A frame whose message does not fit a receive buffer goes by rendezvous: an Rts goes in its
+//! place, the receiver answers with a Cts naming a registered buffer, and the sender writes
+//! the payload there with immediate data (the transfer id).
+//!
+//! One channel is one *lane* of a peer's connection (one queue pair on one port). Every frame
+//! carries its [`StreamTag`]; the channel hands frames out as soon as they are complete (a
+//! rendezvous frame may come out after eager frames sent behind it) and the peer's
+//! [`PeerStream`](super::stream::PeerStream) puts the frames of all lanes back in order. It
+//! also tells the driver which transmission completes which frame (`delivers`), because the
+//! stream keeps every frame until the lane that carried it reports it delivered.
 
 use std::collections::VecDeque;
 
@@ -20,7 +26,7 @@ use rankweave_core::frame::{Frame, Header};
 use rustc_hash::FxHashMap;
 
 use super::credits::Credits;
-use super::message::{HEADER_LEN, Message, MessageError};
+use super::message::{HEADER_LEN, Message, MessageError, StreamTag};
 use super::provider::{MemoryRegion, MrId, RemoteSlice};
 
 /// Settings of a channel.
@@ -38,9 +44,18 @@ pub struct ChannelConfig {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Transmit {
     /// A message for a send buffer (already carrying the credits returned).
-    Message(Vec<u8>),
-    /// An RDMA write of `payload` to `remote` with immediate data `transfer`.
+    Message {
+        /// The encoded message.
+        bytes: Vec<u8>,
+        /// The frame that is delivered once this send completes successfully (an eager
+        /// frame); `None` for control messages and Rts.
+        delivers: Option<StreamTag>,
+    },
+    /// An RDMA write of `payload` to `remote` with immediate data `transfer`; once it completes
+    /// successfully, the frame `tag` is delivered.
     Write {
+        /// The frame the payload belongs to.
+        tag: StreamTag,
         /// The transfer id (the immediate data).
         transfer: u32,
         /// The bytes to write.
@@ -82,16 +97,9 @@ pub enum ChannelError {
     CreditOverrun,
 }
 
-/// A place in the delivery order.
-#[derive(Debug)]
-enum Slot {
-    Ready(Frame),
-    /// A rendezvous frame whose payload has not arrived yet.
-    Waiting(u32),
-}
-
 #[derive(Debug)]
 struct Incoming {
+    tag: StreamTag,
     header: Header,
     len: u64,
     /// The registered buffer, once the driver made it.
@@ -106,7 +114,9 @@ enum Pending {
         addr: u64,
         rkey: u32,
     },
+    LaneDown(u32),
     Write {
+        tag: StreamTag,
         transfer: u32,
         payload: Bytes,
         remote: RemoteSlice,
@@ -136,24 +146,29 @@ pub struct RcChannel {
     config: ChannelConfig,
     credits: Credits,
     /// Frames to send, in order.
-    frames: VecDeque<Frame>,
+    frames: VecDeque<(StreamTag, Frame)>,
     /// Responses (Cts, writes) to send before frames.
     control: VecDeque<Pending>,
     /// Rendezvous sends waiting for their Cts, by transfer id.
-    awaiting_cts: FxHashMap<u32, Bytes>,
+    awaiting_cts: FxHashMap<u32, (StreamTag, Bytes)>,
     next_transfer: u32,
     /// Transfers to this side, by id.
     incoming: FxHashMap<u32, Incoming>,
+    /// Lanes the peer reported failed, not taken yet.
+    lanes_down: VecDeque<u32>,
     /// Transfers whose buffer the driver must register.
     allocations: VecDeque<(u32, u64)>,
-    delivery: VecDeque<Slot>,
+    /// Complete frames, in the order they completed.
+    delivery: VecDeque<(StreamTag, Frame)>,
     /// Messages received from the peer (each consumed one of our receive buffers).
     received_total: u64,
     /// Credits returned to the peer in messages sent so far.
     returned_total: u64,
-    bye_queued: bool,
+    /// The end of this side's stream, once it closes.
+    bye_queued: Option<u64>,
     bye_sent: bool,
-    peer_closed: bool,
+    /// The end of the peer's stream, once it said BYE.
+    peer_closed: Option<u64>,
     stalled: bool,
     counters: ChannelCounters,
 }
@@ -170,25 +185,27 @@ impl RcChannel {
             next_transfer: 0,
             incoming: FxHashMap::default(),
             allocations: VecDeque::new(),
+            lanes_down: VecDeque::new(),
             delivery: VecDeque::new(),
             received_total: 0,
             returned_total: 0,
-            bye_queued: false,
+            bye_queued: None,
             bye_sent: false,
-            peer_closed: false,
+            peer_closed: None,
             stalled: false,
             counters: ChannelCounters::default(),
         }
     }
 
-    /// Queues `frame` for the peer.
-    pub fn send(&mut self, frame: Frame) {
-        self.frames.push_back(frame);
+    /// Queues `frame`, whose place in the stream is `tag`, for the peer.
+    pub fn send(&mut self, tag: StreamTag, frame: Frame) {
+        self.frames.push_back((tag, frame));
     }
 
-    /// Queues the BYE that tells the peer this side is closing (after every queued frame).
-    pub fn close(&mut self) {
-        self.bye_queued = true;
+    /// Queues the BYE that tells the peer this side is closing and that its stream ends
+    /// before `end` (sent after every frame queued before it).
+    pub fn close(&mut self, end: u64) {
+        self.bye_queued.get_or_insert(end);
     }
 
     /// The next thing to send, if credits allow; `send_buffer_free` says whether a send
@@ -207,6 +224,7 @@ impl RcChannel {
         let next_is_write = matches!(self.control.front(), Some(Pending::Write { .. }));
         if next_is_write {
             if let Some(Pending::Write {
+                tag,
                 transfer,
                 payload,
                 remote,
@@ -216,6 +234,7 @@ impl RcChannel {
                 self.credits.spend_without_return();
                 self.counters.rdma_bytes_sent += payload.len() as u64;
                 return Some(Transmit::Write {
+                    tag,
                     transfer,
                     payload,
                     remote,
@@ -224,6 +243,10 @@ impl RcChannel {
         }
         if !send_buffer_free {
             return None;
+        }
+        if let Some(&Pending::LaneDown(lane)) = self.control.front() {
+            self.control.pop_front();
+            return Some(self.encode(&Message::LaneDown { lane }, None));
         }
         if let Some(Pending::Cts {
             transfer,
@@ -237,27 +260,31 @@ impl RcChannel {
                 rkey: *rkey,
             };
             self.control.pop_front();
-            return Some(self.encode(&m));
+            return Some(self.encode(&m, None));
         }
-        if let Some(frame) = self.frames.pop_front() {
+        if let Some((tag, frame)) = self.frames.pop_front() {
             if Message::frame_len(&frame) <= self.config.buffer_len {
                 self.counters.eager_sent += 1;
-                return Some(self.encode(&Message::Frame(frame)));
+                return Some(self.encode(&Message::Frame { tag, frame }, Some(tag)));
             }
             let transfer = self.next_transfer;
             self.next_transfer = self.next_transfer.wrapping_add(1);
             let m = Message::Rts {
+                tag,
                 transfer,
                 header: frame.header,
                 len: frame.payload.len() as u64,
             };
-            self.awaiting_cts.insert(transfer, frame.payload);
+            self.awaiting_cts.insert(transfer, (tag, frame.payload));
             self.counters.rendezvous_sent += 1;
-            return Some(self.encode(&m));
+            return Some(self.encode(&m, None));
         }
-        if self.bye_queued && !self.bye_sent && self.credits.can_send_control() {
+        if let Some(end) = self.bye_queued
+            && !self.bye_sent
+            && self.credits.can_send_control()
+        {
             self.bye_sent = true;
-            return Some(self.encode(&Message::Bye));
+            return Some(self.encode(&Message::Bye { end }, None));
         }
         self.credit_update(send_buffer_free)
     }
@@ -266,17 +293,20 @@ impl RcChannel {
         (send_buffer_free && self.credits.update_due() && self.credits.can_send_control()).then(
             || {
                 self.counters.credit_updates_sent += 1;
-                self.encode(&Message::Credit)
+                self.encode(&Message::Credit, None)
             },
         )
     }
 
-    fn encode(&mut self, m: &Message) -> Transmit {
+    fn encode(&mut self, m: &Message, delivers: Option<StreamTag>) -> Transmit {
         let give = self.credits.spend();
         self.returned_total += u64::from(give);
         let mut out = Vec::with_capacity(HEADER_LEN + 64);
         m.encode(give, &mut out);
-        Transmit::Message(out)
+        Transmit::Message {
+            bytes: out,
+            delivers,
+        }
     }
 
     /// Takes in a message from a receive buffer; its buffer was reposted.
@@ -285,10 +315,14 @@ impl RcChannel {
         let (message, credits) = Message::decode(bytes)?;
         self.credits.returned(credits);
         match message {
-            Message::Frame(frame) => self.delivery.push_back(Slot::Ready(frame)),
+            Message::Frame { tag, frame } => self.delivery.push_back((tag, frame)),
             Message::Credit => {}
-            Message::Bye => self.peer_closed = true,
+            Message::LaneDown { lane } => self.lanes_down.push_back(lane),
+            Message::Bye { end } => {
+                self.peer_closed.get_or_insert(end);
+            }
             Message::Rts {
+                tag,
                 transfer,
                 header,
                 len,
@@ -302,24 +336,25 @@ impl RcChannel {
                 self.incoming.insert(
                     transfer,
                     Incoming {
+                        tag,
                         header,
                         len,
                         region: None,
                     },
                 );
                 self.allocations.push_back((transfer, len));
-                self.delivery.push_back(Slot::Waiting(transfer));
             }
             Message::Cts {
                 transfer,
                 addr,
                 rkey,
             } => {
-                let payload = self
+                let (tag, payload) = self
                     .awaiting_cts
                     .remove(&transfer)
                     .ok_or(ChannelError::UnknownTransfer(transfer))?;
                 self.control.push_back(Pending::Write {
+                    tag,
                     transfer,
                     payload,
                     remote: RemoteSlice { addr, rkey },
@@ -338,6 +373,17 @@ impl RcChannel {
         }
         self.credits.reposted();
         Ok(())
+    }
+
+    /// Tells the peer that lane `lane` of this connection (another queue pair) failed here,
+    /// ahead of frames not sent yet.
+    pub fn report_lane_down(&mut self, lane: u32) {
+        self.control.push_front(Pending::LaneDown(lane));
+    }
+
+    /// The next lane the peer reported failed.
+    pub fn poll_lane_down(&mut self) -> Option<u32> {
+        self.lanes_down.pop_front()
     }
 
     /// The next transfer whose receive buffer the driver must register: `(transfer, len)`.
@@ -387,32 +433,22 @@ impl RcChannel {
             header: t.header,
             payload,
         };
-        if let Some(slot) = self
-            .delivery
-            .iter_mut()
-            .find(|s| matches!(s, Slot::Waiting(id) if *id == transfer))
-        {
-            *slot = Slot::Ready(frame);
-        }
+        self.delivery.push_back((t.tag, frame));
     }
 
-    /// The next frame in the sender's order, if it is complete.
-    pub fn poll_frame(&mut self) -> Option<Frame> {
-        if !matches!(self.delivery.front(), Some(Slot::Ready(_))) {
-            return None;
-        }
-        match self.delivery.pop_front() {
-            Some(Slot::Ready(f)) => {
-                self.counters.frames_delivered += 1;
-                Some(f)
-            }
-            _ => None,
-        }
+    /// The next complete frame and its place in the stream (frames come out as they complete,
+    /// not necessarily in the sender's order).
+    pub fn poll_frame(&mut self) -> Option<(StreamTag, Frame)> {
+        let f = self.delivery.pop_front()?;
+        self.counters.frames_delivered += 1;
+        Some(f)
     }
 
-    /// The peer said BYE and everything it sent before has been delivered.
-    pub fn peer_finished(&self) -> bool {
-        self.peer_closed && self.delivery.is_empty()
+    /// The end of the peer's stream, once it said BYE and everything it sent on this lane
+    /// before has been taken ([`poll_frame`](Self::poll_frame)).
+    pub fn peer_end(&self) -> Option<u64> {
+        self.peer_closed
+            .filter(|_| self.delivery.is_empty() && self.incoming.is_empty())
     }
 
     /// This side has nothing left to send (frames, responses, rendezvous payloads, BYE).
@@ -420,14 +456,14 @@ impl RcChannel {
         self.frames.is_empty()
             && self.control.is_empty()
             && self.awaiting_cts.is_empty()
-            && (!self.bye_queued || self.bye_sent)
+            && (self.bye_queued.is_none() || self.bye_sent)
     }
 
     /// Whether it has something it could send once credits or a send buffer allow.
     pub fn has_pending(&self) -> bool {
         !self.frames.is_empty()
             || !self.control.is_empty()
-            || (self.bye_queued && !self.bye_sent)
+            || (self.bye_queued.is_some() && !self.bye_sent)
             || self.credits.update_due()
     }
 

@@ -1,12 +1,17 @@
 //! Two channels wired back to back, with the wire and the receive buffers modelled: eager,
-//! credits, rendezvous ordering, and peers that break the protocol.
+//! credits, rendezvous, stream tags, and peers that break the protocol.
 
 use bytes::Bytes;
 use rankweave_core::ContextId;
 use rankweave_core::frame::{Envelope, Frame, Header};
 
 use super::*;
+use crate::verbs::message::StreamTag;
 use crate::verbs::provider::{MemoryRegion, MrId};
+
+fn send(c: &mut RcChannel, seq: u64, len: usize) {
+    c.send(StreamTag::whole(seq), frame(seq, len));
+}
 
 const CONFIG: ChannelConfig = ChannelConfig {
     window: 4,
@@ -44,8 +49,9 @@ fn pump(from: &mut RcChannel, to: &mut RcChannel, next_region: &mut u64) -> usiz
     while let Some(t) = from.poll_transmit(true) {
         n += 1;
         match t {
-            Transmit::Message(bytes) => to.on_message(Bytes::from(bytes)).unwrap(),
+            Transmit::Message { bytes, .. } => to.on_message(Bytes::from(bytes)).unwrap(),
             Transmit::Write {
+                tag: _,
                 transfer,
                 payload,
                 remote,
@@ -63,48 +69,90 @@ fn pump(from: &mut RcChannel, to: &mut RcChannel, next_region: &mut u64) -> usiz
     n
 }
 
+/// The stream sequence numbers of the complete frames, in the order they came out; checks
+/// that each frame's tag matches its contents.
 fn frames(c: &mut RcChannel) -> Vec<u64> {
     std::iter::from_fn(|| c.poll_frame())
-        .map(|f| match f.header {
-            Header::Eager(e) => e.seq,
+        .map(|(tag, f)| match f.header {
+            Header::Eager(e) => {
+                assert_eq!(e.seq, tag.seq, "tag and frame disagree");
+                assert!(f.payload.iter().all(|&b| b == e.seq as u8));
+                tag.seq
+            }
             _ => u64::MAX,
         })
         .collect()
 }
 
 #[test]
-fn rendezvous_frames_keep_their_place_between_eager_ones() {
+fn rendezvous_frames_come_out_when_complete_with_their_tags() {
     let (mut a, mut b) = (RcChannel::new(CONFIG), RcChannel::new(CONFIG));
     let mut ids = 0;
-    a.send(frame(0, 10));
-    a.send(frame(1, 5000));
-    a.send(frame(2, 10));
+    send(&mut a, 0, 10);
+    send(&mut a, 1, 5000);
+    send(&mut a, 2, 10);
     for _ in 0..10 {
         pump(&mut a, &mut b, &mut ids);
         pump(&mut b, &mut a, &mut ids);
     }
-    assert_eq!(frames(&mut b), [0, 1, 2]);
+    // The rendezvous frame completes after the eager one sent behind it; the stream above
+    // restores the order from the tags.
+    assert_eq!(frames(&mut b), [0, 2, 1]);
     assert_eq!(a.counters().rendezvous_sent, 1);
     assert_eq!(a.counters().eager_sent, 2);
     assert!(a.is_idle());
 }
 
 #[test]
-fn a_frame_waits_behind_an_incomplete_rendezvous() {
+fn transmissions_name_the_frame_they_deliver() {
     let (mut a, mut b) = (RcChannel::new(CONFIG), RcChannel::new(CONFIG));
     let mut ids = 0;
-    a.send(frame(0, 5000));
-    a.send(frame(1, 10));
+    send(&mut a, 7, 10);
+    send(&mut a, 8, 5000);
+    let mut delivered = Vec::new();
+    for _ in 0..4 {
+        while let Some(t) = a.poll_transmit(true) {
+            match t {
+                Transmit::Message { bytes, delivers } => {
+                    delivered.extend(delivers.map(|t| t.seq));
+                    b.on_message(Bytes::from(bytes)).unwrap();
+                }
+                Transmit::Write {
+                    tag,
+                    transfer,
+                    payload,
+                    ..
+                } => {
+                    delivered.push(tag.seq);
+                    b.on_write_done(transfer, payload.len()).unwrap();
+                    b.deliver_transfer(transfer, payload);
+                }
+            }
+        }
+        pump(&mut b, &mut a, &mut ids);
+        while let Some((transfer, len)) = b.poll_allocation() {
+            ids += 1;
+            b.buffer_ready(transfer, &region(ids, len));
+        }
+    }
+    // The Rts delivers nothing; the write delivers frame 8.
+    assert_eq!(delivered, [7, 8]);
+    assert_eq!(frames(&mut b), [7, 8]);
+}
+
+#[test]
+fn a_frame_behind_an_incomplete_rendezvous_is_not_held() {
+    let (mut a, mut b) = (RcChannel::new(CONFIG), RcChannel::new(CONFIG));
+    let mut ids = 0;
+    send(&mut a, 0, 5000);
+    send(&mut a, 1, 10);
     pump(&mut a, &mut b, &mut ids);
-    assert!(
-        b.poll_frame().is_none(),
-        "frame 1 arrived but waits for frame 0"
-    );
+    assert_eq!(frames(&mut b), [1], "frame 1 is complete, frame 0 is not");
     for _ in 0..4 {
         pump(&mut b, &mut a, &mut ids);
         pump(&mut a, &mut b, &mut ids);
     }
-    assert_eq!(frames(&mut b), [0, 1]);
+    assert_eq!(frames(&mut b), [0]);
 }
 
 #[test]
@@ -112,7 +160,7 @@ fn a_sender_without_credits_waits_and_the_receiver_returns_them() {
     let (mut a, mut b) = (RcChannel::new(CONFIG), RcChannel::new(CONFIG));
     let mut ids = 0;
     for seq in 0..10 {
-        a.send(frame(seq, 10));
+        send(&mut a, seq, 10);
     }
     assert_eq!(
         pump(&mut a, &mut b, &mut ids),
@@ -135,7 +183,11 @@ fn a_sender_without_credits_waits_and_the_receiver_returns_them() {
 fn a_peer_that_ignores_credits_is_caught() {
     let mut b = RcChannel::new(CONFIG);
     let mut bytes = Vec::new();
-    super::super::message::Message::Frame(frame(0, 1)).encode(0, &mut bytes);
+    super::super::message::Message::Frame {
+        tag: StreamTag::whole(0),
+        frame: frame(0, 1),
+    }
+    .encode(0, &mut bytes);
     for _ in 0..4 {
         b.on_message(Bytes::from(bytes.clone())).unwrap();
     }
@@ -161,6 +213,7 @@ fn protocol_violations_are_errors() {
     );
     let mut rts = Vec::new();
     super::super::message::Message::Rts {
+        tag: StreamTag::whole(0),
         transfer: 1,
         header: frame(0, 0).header,
         len: 2 << 20,
@@ -184,18 +237,19 @@ fn protocol_violations_are_errors() {
 fn bye_comes_after_every_frame_and_finishes_the_peer() {
     let (mut a, mut b) = (RcChannel::new(CONFIG), RcChannel::new(CONFIG));
     let mut ids = 0;
-    a.send(frame(0, 10));
-    a.send(frame(1, 1000));
-    a.close();
+    send(&mut a, 0, 10);
+    send(&mut a, 1, 1000);
+    a.close(2);
     for _ in 0..6 {
         pump(&mut a, &mut b, &mut ids);
         pump(&mut b, &mut a, &mut ids);
     }
-    assert!(
-        !b.peer_finished(),
+    assert_eq!(
+        b.peer_end(),
+        None,
         "BYE came, but its frames are not taken yet"
     );
     assert_eq!(frames(&mut b), [0, 1]);
-    assert!(b.peer_finished());
+    assert_eq!(b.peer_end(), Some(2));
     assert!(a.is_idle());
 }

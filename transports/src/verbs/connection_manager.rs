@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use rustc_hash::FxHashMap;
 
-use super::provider::{PortAddress, QpAddress, QpNum};
+use super::rc::RcAddress;
 
 /// Settings of the connection set-up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,14 +61,14 @@ pub enum CmMessage {
         /// The requester's attempt number.
         seq: u32,
         /// The requester's RC queue pair for the responder.
-        qp: QpAddress,
+        qp: RcAddress,
     },
     /// "Done; connect yours to mine."
     Reply {
         /// The Request's `seq`.
         seq: u32,
         /// The responder's RC queue pair for the requester.
-        qp: QpAddress,
+        qp: RcAddress,
     },
     /// "Connected: you may send on RC."
     Confirm {
@@ -94,6 +94,9 @@ pub enum CmDecodeError {
     /// An unknown message kind.
     #[error("unknown connection message kind {0}")]
     UnknownKind(u8),
+    /// A lane count of zero or beyond the most lanes a connection spans.
+    #[error("connection message with {0} lanes")]
+    BadLaneCount(u8),
 }
 
 const MAGIC: [u8; 3] = *b"CM1";
@@ -102,8 +105,8 @@ const KIND_REPLY: u8 = 2;
 const KIND_CONFIRM: u8 = 3;
 /// magic, kind, seq.
 const HEADER_LEN: usize = 3 + 1 + 4;
-/// lid, gid, qpn.
-const ADDRESS_LEN: usize = 2 + 16 + 4;
+/// A lane count, then per lane: lid, gid, qpn.
+const ADDRESS_LEN: usize = RcAddress::MAX_ENCODED_LEN;
 
 impl CmMessage {
     /// The longest encoding.
@@ -120,9 +123,7 @@ impl CmMessage {
         out.push(kind);
         out.extend_from_slice(&seq.to_le_bytes());
         if let Some(qp) = qp {
-            out.extend_from_slice(&qp.port.lid.to_le_bytes());
-            out.extend_from_slice(&qp.port.gid);
-            out.extend_from_slice(&qp.qpn.0.to_le_bytes());
+            qp.encode(out);
         }
     }
 
@@ -142,18 +143,15 @@ impl CmMessage {
         let kind = bytes[3];
         let seq = u32::from_le_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]);
         let address = || {
-            let a = bytes
-                .get(HEADER_LEN..HEADER_LEN + ADDRESS_LEN)
-                .ok_or_else(|| truncated(HEADER_LEN + ADDRESS_LEN))?;
-            let mut gid = [0u8; 16];
-            gid.copy_from_slice(&a[2..18]);
-            Ok(QpAddress {
-                port: PortAddress {
-                    lid: u16::from_le_bytes([a[0], a[1]]),
-                    gid,
-                },
-                qpn: QpNum(u32::from_le_bytes([a[18], a[19], a[20], a[21]])),
-            })
+            let count = *bytes
+                .get(HEADER_LEN)
+                .ok_or_else(|| truncated(HEADER_LEN + 1))?;
+            if count == 0 || usize::from(count) > super::stream::MAX_LANES {
+                return Err(CmDecodeError::BadLaneCount(count));
+            }
+            RcAddress::decode(&bytes[HEADER_LEN..])
+                .map(|(a, _)| a)
+                .ok_or_else(|| truncated(HEADER_LEN + 1 + 22 * usize::from(count)))
         };
         match kind {
             KIND_REQUEST => Ok(CmMessage::Request {
@@ -179,7 +177,7 @@ pub enum CmEvent {
         /// The peer.
         peer: u32,
         /// The peer's RC queue pair for this rank.
-        remote: QpAddress,
+        remote: RcAddress,
     },
     /// Both queue pairs are connected: this rank may send to `peer` over RC.
     Established {
@@ -223,23 +221,23 @@ enum PeerState {
     /// This rank sent a Request and waits for the Reply.
     Requesting {
         seq: u32,
-        local: QpAddress,
+        local: RcAddress,
         sends: u32,
         due: Instant,
     },
     /// This rank answered a Request and waits for the Confirm.
     Accepting {
         seq: u32,
-        local: QpAddress,
-        remote: QpAddress,
+        local: RcAddress,
+        remote: RcAddress,
         sends: u32,
         due: Instant,
     },
     /// Connected (as requester or responder) by the attempt `seq`.
     Connected {
         seq: u32,
-        local: QpAddress,
-        remote: QpAddress,
+        local: RcAddress,
+        remote: RcAddress,
     },
 }
 
@@ -303,7 +301,7 @@ impl ConnectionManager {
 
     /// Starts connecting to `peer`, whose RC queue pair on this rank is `local`. Does nothing
     /// when connected or connecting already, or when `peer` is this rank.
-    pub fn start(&mut self, now: Instant, peer: u32, local: QpAddress) {
+    pub fn start(&mut self, now: Instant, peer: u32, local: RcAddress) {
         if peer == self.rank || !matches!(self.state(peer), PeerState::Idle) {
             return;
         }
@@ -333,7 +331,7 @@ impl ConnectionManager {
 
     /// Takes in a message from `peer`; `local` is this rank's RC queue pair for `peer` (the
     /// driver creates it, if it did not exist, before passing a Request or Reply in).
-    pub fn handle_message(&mut self, now: Instant, peer: u32, local: QpAddress, m: CmMessage) {
+    pub fn handle_message(&mut self, now: Instant, peer: u32, local: RcAddress, m: CmMessage) {
         if peer == self.rank {
             return;
         }
@@ -372,9 +370,9 @@ impl ConnectionManager {
         &mut self,
         now: Instant,
         peer: u32,
-        local: QpAddress,
+        local: RcAddress,
         seq: u32,
-        remote: QpAddress,
+        remote: RcAddress,
         state: PeerState,
     ) {
         match state {
@@ -418,7 +416,7 @@ impl ConnectionManager {
         self.send(peer, CmMessage::Reply { seq, qp: local });
     }
 
-    fn established(&mut self, peer: u32, seq: u32, local: QpAddress, remote: QpAddress) {
+    fn established(&mut self, peer: u32, seq: u32, local: RcAddress, remote: RcAddress) {
         self.counters.established += 1;
         self.peers
             .insert(peer, PeerState::Connected { seq, local, remote });

@@ -5,14 +5,19 @@ use std::time::{Duration, Instant};
 
 use super::*;
 
-fn qp(rank: u32) -> QpAddress {
-    QpAddress {
+use crate::verbs::provider::{PortAddress, QpAddress, QpNum};
+
+/// Rank `rank`'s queue pairs: two lanes for odd ranks, one for even ones.
+fn qp(rank: u32) -> RcAddress {
+    let lane = |l: u32| QpAddress {
         port: PortAddress {
-            lid: rank as u16 + 1,
+            lid: (rank * 2 + l) as u16 + 1,
             gid: [rank as u8; 16],
         },
-        qpn: QpNum(0x100 + rank),
-    }
+        qpn: QpNum(0x100 + rank * 2 + l),
+    };
+    let lanes: Vec<QpAddress> = (0..1 + rank % 2).map(lane).collect();
+    RcAddress::new(&lanes).unwrap()
 }
 
 /// Two managers (ranks 0 and 1) and the datagrams between them.
@@ -286,4 +291,13 @@ fn messages_round_trip_and_bad_bytes_are_typed_errors() {
         CmMessage::decode(b"CM1\x09\0\0\0\0"),
         Err(CmDecodeError::UnknownKind(9))
     );
+    for lanes in [0u8, 5, 255] {
+        let mut b = b"CM1\x01\0\0\0\0".to_vec();
+        b.push(lanes);
+        b.extend_from_slice(&[0; 200]);
+        assert_eq!(
+            CmMessage::decode(&b),
+            Err(CmDecodeError::BadLaneCount(lanes))
+        );
+    }
 }

@@ -5,17 +5,21 @@
 //! | Offset | Size | Field      | Meaning                                                     |
 //! |--------|------|------------|-------------------------------------------------------------|
 //! | 0      | 1    | `magic`    | `0xB7`                                                      |
-//! | 1      | 1    | `kind`     | `1` Frame, `2` Credit, `3` Rts, `4` Cts, `5` Bye            |
+//! | 1      | 1    | `kind`     | `1` Frame, `2` Credit, `3` Rts, `4` Cts, `5` Bye, `6` LaneDown |
 //! | 2      | 2    | `credits`  | `u16`: receive buffers the sender reposted for the receiver |
-//! | 4      | 4    | `transfer` | `u32`: rendezvous transfer id (Rts, Cts; else 0)            |
+//! | 4      | 4    | `transfer` | `u32`: rendezvous transfer id (Rts, Cts), lane (LaneDown); else 0 |
 //!
 //! and then, by kind:
 //!
-//! * **Frame**: a whole frame in the wire format of `rankweave_core::wire`.
-//! * **Credit**, **Bye**: nothing.
-//! * **Rts** (a frame too large for a receive buffer): `u64` payload length, then the frame's
-//!   header in the wire format (declaring that payload length). The receiver registers a
-//!   buffer of that length and answers with a Cts.
+//! * **Frame**: the [`StreamTag`] (12 bytes: `u64` sequence number, `u16` part, `u16` parts),
+//!   then a whole frame in the wire format of `rankweave_core::wire`.
+//! * **Credit**, **LaneDown**: nothing (LaneDown names the lane, another lane of the same
+//!   connection that failed at the sender, in the `transfer` field).
+//! * **Bye**: `u64`, the sequence number the sender's stream ends at (every frame below it
+//!   was sent before, on some lane).
+//! * **Rts** (a frame too large for a receive buffer): the [`StreamTag`], `u64` payload length,
+//!   then the frame's header in the wire format (declaring that payload length). The receiver
+//!   registers a buffer of that length and answers with a Cts.
 //! * **Cts**: `u64` address and `u32` remote key of the receiver's buffer. The sender writes
 //!   the payload there with an RDMA write whose immediate data is the transfer id: the
 //!   receiver learns from that write's receive completion that the payload is in place (no
@@ -37,17 +41,76 @@ mod kind {
     pub(super) const RTS: u8 = 3;
     pub(super) const CTS: u8 = 4;
     pub(super) const BYE: u8 = 5;
+    pub(super) const LANE_DOWN: u8 = 6;
+}
+
+/// Where a frame (or one part of a striped frame) belongs in the stream of all frames from
+/// one rank to another, across every lane (see [`super::stream`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StreamTag {
+    /// The frame's sequence number in the stream (from 0).
+    pub seq: u64,
+    /// Which part of the frame this is (0 when it is not striped).
+    pub part: u16,
+    /// How many parts the frame was split into (1 when it is not striped).
+    pub parts: u16,
+}
+
+impl StreamTag {
+    /// Bytes of its encoding.
+    pub const LEN: usize = 12;
+
+    /// The tag of a whole (unstriped) frame.
+    pub fn whole(seq: u64) -> StreamTag {
+        StreamTag {
+            seq,
+            part: 0,
+            parts: 1,
+        }
+    }
+
+    fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.seq.to_le_bytes());
+        out.extend_from_slice(&self.part.to_le_bytes());
+        out.extend_from_slice(&self.parts.to_le_bytes());
+    }
+
+    fn decode(b: &[u8]) -> Result<StreamTag, MessageError> {
+        let b: &[u8; 12] = b
+            .get(..Self::LEN)
+            .and_then(|b| b.try_into().ok())
+            .ok_or(MessageError::TooShort(b.len() + HEADER_LEN))?;
+        let tag = StreamTag {
+            seq: u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]),
+            part: u16::from_le_bytes([b[8], b[9]]),
+            parts: u16::from_le_bytes([b[10], b[11]]),
+        };
+        if tag.parts == 0 || tag.part >= tag.parts {
+            return Err(MessageError::BadTag {
+                part: tag.part,
+                parts: tag.parts,
+            });
+        }
+        Ok(tag)
+    }
 }
 
 /// A decoded message (see the [module docs](self)).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Message {
-    /// A whole frame.
-    Frame(Frame),
+    /// A whole frame (or part of a striped one).
+    Frame {
+        /// Its place in the stream.
+        tag: StreamTag,
+        /// The frame.
+        frame: Frame,
+    },
     /// Only credits.
     Credit,
     /// A frame whose payload follows by RDMA write.
     Rts {
+        /// Its place in the stream.
+        tag: StreamTag,
         /// The transfer id.
         transfer: u32,
         /// The frame's header.
@@ -64,8 +127,16 @@ pub enum Message {
         /// The buffer's remote key.
         rkey: u32,
     },
-    /// The sender is closing: nothing follows.
-    Bye,
+    /// Lane `lane` of this connection failed at the sender: the receiver stops using it too.
+    LaneDown {
+        /// The lane.
+        lane: u32,
+    },
+    /// The sender is closing: its stream ends before sequence number `end`.
+    Bye {
+        /// The first sequence number the sender did not use.
+        end: u64,
+    },
 }
 
 /// Why a received buffer is not a message.
@@ -80,6 +151,14 @@ pub enum MessageError {
     /// An unknown kind.
     #[error("unknown message kind {0}")]
     UnknownKind(u8),
+    /// A stream tag whose part is not below its number of parts.
+    #[error("bad stream tag: part {part} of {parts}")]
+    BadTag {
+        /// The part.
+        part: u16,
+        /// The number of parts.
+        parts: u16,
+    },
     /// The frame inside does not decode.
     #[error("bad frame: {0}")]
     Frame(#[from] DecodeError),
@@ -104,19 +183,26 @@ impl Message {
     /// Appends this message, carrying `credits`, to `out`.
     pub fn encode(&self, credits: u16, out: &mut Vec<u8>) {
         match self {
-            Message::Frame(frame) => {
+            Message::Frame { tag, frame } => {
                 put_header(out, kind::FRAME, credits, 0);
+                tag.encode(out);
                 wire::encode_header(&frame.header, frame.payload.len(), out);
                 out.extend_from_slice(&frame.payload);
             }
             Message::Credit => put_header(out, kind::CREDIT, credits, 0),
-            Message::Bye => put_header(out, kind::BYE, credits, 0),
+            Message::LaneDown { lane } => put_header(out, kind::LANE_DOWN, credits, *lane),
+            Message::Bye { end } => {
+                put_header(out, kind::BYE, credits, 0);
+                out.extend_from_slice(&end.to_le_bytes());
+            }
             Message::Rts {
+                tag,
                 transfer,
                 header,
                 len,
             } => {
                 put_header(out, kind::RTS, credits, *transfer);
+                tag.encode(out);
                 out.extend_from_slice(&len.to_le_bytes());
                 wire::encode_header(header, *len as usize, out);
             }
@@ -134,7 +220,7 @@ impl Message {
 
     /// Encoded length of a Frame message carrying `frame`.
     pub fn frame_len(frame: &Frame) -> usize {
-        HEADER_LEN + wire::encoded_len(&frame.header) + frame.payload.len()
+        HEADER_LEN + StreamTag::LEN + wire::encoded_len(&frame.header) + frame.payload.len()
     }
 
     /// Decodes a received message; returns it and the credits it carries. A frame's payload is a
@@ -151,10 +237,22 @@ impl Message {
         let transfer = u32::from_le_bytes([buf[4], buf[5], buf[6], buf[7]]);
         let body = &buf[HEADER_LEN..];
         let message = match buf[1] {
-            kind::FRAME => Message::Frame(wire::decode(bytes.slice(HEADER_LEN..))?),
+            kind::FRAME => Message::Frame {
+                tag: StreamTag::decode(body)?,
+                frame: wire::decode(bytes.slice(HEADER_LEN + StreamTag::LEN..))?,
+            },
             kind::CREDIT => Message::Credit,
-            kind::BYE => Message::Bye,
+            kind::LANE_DOWN => Message::LaneDown { lane: transfer },
+            kind::BYE => Message::Bye {
+                end: u64::from_le_bytes(
+                    body.get(..8)
+                        .and_then(|b| b.try_into().ok())
+                        .ok_or(MessageError::TooShort(buf.len()))?,
+                ),
+            },
             kind::RTS => {
+                let tag = StreamTag::decode(body)?;
+                let body = &body[StreamTag::LEN..];
                 let len = u64::from_le_bytes(
                     body.get(..8)
                         .and_then(|b| b.try_into().ok())
@@ -168,6 +266,7 @@ impl Message {
                     });
                 }
                 Message::Rts {
+                    tag,
                     transfer,
                     header,
                     len,
@@ -211,13 +310,22 @@ mod tests {
     #[test]
     fn every_kind_round_trips_with_its_credits() {
         let messages = [
-            Message::Frame(Frame {
-                header: Header::Eager(envelope(5)),
-                payload: Bytes::from_static(b"hello"),
-            }),
+            Message::Frame {
+                tag: StreamTag {
+                    seq: u64::MAX - 3,
+                    part: 2,
+                    parts: 3,
+                },
+                frame: Frame {
+                    header: Header::Eager(envelope(5)),
+                    payload: Bytes::from_static(b"hello"),
+                },
+            },
             Message::Credit,
-            Message::Bye,
+            Message::LaneDown { lane: 3 },
+            Message::Bye { end: 1 << 40 },
             Message::Rts {
+                tag: StreamTag::whole(9),
                 transfer: 77,
                 header: Header::Data {
                     recv_id: 5,
@@ -234,7 +342,7 @@ mod tests {
         for (i, m) in messages.iter().enumerate() {
             let mut buf = Vec::new();
             m.encode(i as u16 * 100, &mut buf);
-            if let Message::Frame(f) = m {
+            if let Message::Frame { frame: f, .. } = m {
                 assert_eq!(buf.len(), Message::frame_len(f));
             }
             assert_eq!(
@@ -260,6 +368,7 @@ mod tests {
         );
         let mut rts = Vec::new();
         Message::Rts {
+            tag: StreamTag::whole(0),
             transfer: 1,
             header: Header::Eager(envelope(100)),
             len: 100,
@@ -273,7 +382,14 @@ mod tests {
             );
         }
         // A length that disagrees with the frame header.
-        rts[8] ^= 1;
+        rts[HEADER_LEN + StreamTag::LEN] ^= 1;
+        let mut bad = rts.clone();
+        // Part 0 of 0 parts.
+        bad[HEADER_LEN + 10] = 0;
+        assert_eq!(
+            Message::decode(Bytes::from(bad)),
+            Err(MessageError::BadTag { part: 0, parts: 0 })
+        );
         assert!(matches!(
             Message::decode(Bytes::from(rts)),
             Err(MessageError::LengthMismatch { .. })

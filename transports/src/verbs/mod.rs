@@ -9,6 +9,9 @@
 //! * [`channel`], [`credits`], [`message`], [`mr_cache`]: the sans-IO pieces of the RC
 //!   protocol (eager messages under credit-based flow control, rendezvous by RDMA write with
 //!   immediate data, the memory-registration cache).
+//! * [`stream`]: the sans-IO stream of one peer's frames over several lanes (one RC queue pair
+//!   per port): sequence numbers, striping, replay after a lane failure, duplicate
+//!   suppression and reordering at the receiver.
 //! * [`rc`]: the driver, [`RcTransport`], which implements [`Transport`](rankweave_core::Transport).
 //!
 //! [`simulated_world`] builds an in-process job whose ranks talk through the simulated fabric,
@@ -31,6 +34,7 @@ pub mod rc;
 pub mod shared_port;
 pub mod sim;
 pub mod sim_job;
+pub mod stream;
 pub mod ud_carrier;
 pub mod ud_multicast;
 
@@ -41,7 +45,7 @@ use rankweave_core::{Communicator, Config, Error};
 pub use adaptive::{AdaptiveSettings, AdaptiveTransport};
 pub use error::VerbsError;
 pub use provider::Provider;
-pub use rc::{RcSettings, RcTransport, connect_job};
+pub use rc::{RcAddress, RcSettings, RcTransport, connect_job, connect_job_ports};
 pub use shared_port::{PortHandle, SharedPort};
 pub use sim::{SimFabric, SimProvider};
 pub use sim_job::{

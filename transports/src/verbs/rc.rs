@@ -1,16 +1,24 @@
-//! [`RcTransport`]: the thin driver that runs one [`RcChannel`] per peer over a [`Provider`]
-//! and implements [`Transport`].
+//! [`RcTransport`]: the thin driver that runs one [`RcChannel`] per peer and port (a *lane*)
+//! and one [`PeerStream`] per peer over one or more [`Provider`]s (ports), and implements
+//! [`Transport`].
 //!
-//! Each rank has one RC queue pair per peer, with [`RcSettings::window`] receive buffers of
-//! [`RcSettings::buffer_len`] bytes posted for it (one registered region per peer), and one
-//! registered region of send buffers shared by all peers. The driver posts what the channels
-//! produce, turns completions back into channel events, registers the buffers of incoming
-//! rendezvous transfers (and deregisters them to hand their bytes to the message layer without
-//! a copy), and registers outgoing payloads through the [`MrCache`].
+//! Each rank has, per peer, one RC queue pair on each of its ports (lane *i* on port *i*,
+//! connected to the peer's lane *i*), with [`RcSettings::window`] receive buffers of
+//! [`RcSettings::buffer_len`] bytes posted on each; each port has one registered region of
+//! send buffers shared by all peers and its own memory-registration cache (registrations
+//! belong to one port's protection domain). The peer's [`PeerStream`] numbers the frames,
+//! puts eager ones on the first live lane, stripes large ones across the live lanes, and
+//! restores the order at the receiver. The driver posts what the channels produce, turns
+//! completions back into channel and stream events, registers the buffers of incoming
+//! rendezvous transfers (and deregisters them to hand their bytes over without a copy), and
+//! registers outgoing payloads through the [`MrCache`] of the lane's port.
 //!
-//! A queue pair that fails (its peer's port is down, retries ran out) makes the peer lost: its
-//! frames already complete are delivered, then [`Arrival::PeerLost`]. A peer that closes says
-//! BYE, and is reported lost after everything it sent has been delivered.
+//! A queue pair that fails (its port or the peer's is down, retries ran out) takes its lane
+//! out: the stream re-sends on the surviving lanes every frame the lane had not delivered,
+//! and the receiver drops the duplicates. When a peer's last lane fails, its frames already
+//! complete are delivered, then [`Arrival::PeerLost`]. A peer that closes says BYE (with the
+//! end of its stream) on every lane, and is reported lost once everything before that end has
+//! been delivered.
 
 use std::collections::VecDeque;
 use std::sync::{Mutex, MutexGuard};
@@ -24,28 +32,32 @@ use rustc_hash::FxHashMap;
 
 use super::channel::{ChannelConfig, ChannelCounters, RcChannel, Transmit};
 use super::error::VerbsError;
+use super::message::StreamTag;
 use super::mr_cache::{MrCache, MrCacheCounters};
 use super::provider::{
-    Buffer, Completion, CompletionKind, CompletionStatus, MemoryRegion, MrId, Provider, QpAddress,
-    QpCaps, QpKind, QpNum, SendOp, SendRequest, Sge,
+    Buffer, Completion, CompletionKind, CompletionStatus, MemoryRegion, MrId, PortAddress,
+    Provider, QpAddress, QpCaps, QpKind, QpNum, RemoteSlice, SendOp, SendRequest, Sge,
 };
+use super::stream::{MAX_LANES, PeerStream, StreamConfig, StreamCounters};
 
 /// Settings of the RC transport.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RcSettings {
-    /// Receive buffers posted per peer (the credit window); at least 4.
+    /// Receive buffers posted per peer and lane (the credit window); at least 4.
     pub window: u32,
     /// Bytes of each receive and send buffer: frames whose message fits go eagerly, larger
     /// ones by rendezvous. At least 256.
     pub buffer_len: usize,
-    /// Send buffers shared by all peers; at least 1.
+    /// Send buffers per port, shared by all peers; at least 1.
     pub send_buffers: u32,
     /// The largest rendezvous payload accepted from a peer.
     pub max_transfer: u64,
-    /// Bytes of idle registrations the memory-registration cache keeps.
+    /// Bytes of idle registrations each port's memory-registration cache keeps.
     pub mr_cache_bytes: usize,
     /// The largest single RDMA write (larger payloads are written in pieces).
     pub max_write: usize,
+    /// Frames with at least this many payload bytes are striped across the live lanes.
+    pub stripe_min: usize,
     /// How long a closed rank waits for its last sends to complete.
     pub linger: Duration,
 }
@@ -59,6 +71,7 @@ impl Default for RcSettings {
             max_transfer: 1 << 36,
             mr_cache_bytes: 256 << 20,
             max_write: 1 << 30,
+            stripe_min: 1 << 20,
             linger: Duration::from_secs(5),
         }
     }
@@ -84,12 +97,103 @@ impl RcSettings {
     }
 }
 
+/// The addresses of a rank's RC queue pairs for one peer, one per lane (port), in lane
+/// order: what the connection exchange carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RcAddress {
+    count: u8,
+    lanes: [QpAddress; MAX_LANES],
+}
+
+const NO_ADDRESS: QpAddress = QpAddress {
+    port: PortAddress {
+        lid: 0,
+        gid: [0; 16],
+    },
+    qpn: QpNum(0),
+};
+
+impl RcAddress {
+    /// Bytes of the longest encoding: a count byte and 22 bytes per lane.
+    pub const MAX_ENCODED_LEN: usize = 1 + MAX_LANES * 22;
+
+    /// The addresses of `lanes` (1 to [`MAX_LANES`]).
+    pub fn new(lanes: &[QpAddress]) -> Result<RcAddress, VerbsError> {
+        if lanes.is_empty() || lanes.len() > MAX_LANES {
+            return Err(VerbsError::InvalidSetting(format!(
+                "{} lanes (1 to {MAX_LANES})",
+                lanes.len()
+            )));
+        }
+        let mut a = RcAddress {
+            count: lanes.len() as u8,
+            lanes: [NO_ADDRESS; MAX_LANES],
+        };
+        a.lanes[..lanes.len()].copy_from_slice(lanes);
+        Ok(a)
+    }
+
+    /// One lane.
+    pub fn single(lane: QpAddress) -> RcAddress {
+        let mut lanes = [NO_ADDRESS; MAX_LANES];
+        lanes[0] = lane;
+        RcAddress { count: 1, lanes }
+    }
+
+    /// The lanes' addresses.
+    pub fn lanes(&self) -> &[QpAddress] {
+        &self.lanes[..usize::from(self.count)]
+    }
+
+    /// Appends the encoding (count, then per lane: LID, GID, QPN; little-endian) to `out`.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        out.push(self.count);
+        for a in self.lanes() {
+            out.extend_from_slice(&a.port.lid.to_le_bytes());
+            out.extend_from_slice(&a.port.gid);
+            out.extend_from_slice(&a.qpn.0.to_le_bytes());
+        }
+    }
+
+    /// Decodes an encoding at the start of `bytes`; returns it and its length, or `None` when
+    /// `bytes` is too short or the count is out of range.
+    pub fn decode(bytes: &[u8]) -> Option<(RcAddress, usize)> {
+        let count = usize::from(*bytes.first()?);
+        if count == 0 || count > MAX_LANES {
+            return None;
+        }
+        let body = bytes.get(1..1 + count * 22)?;
+        let mut lanes = [NO_ADDRESS; MAX_LANES];
+        for (slot, a) in lanes.iter_mut().zip(body.chunks_exact(22)) {
+            let mut gid = [0u8; 16];
+            gid.copy_from_slice(&a[2..18]);
+            *slot = QpAddress {
+                port: PortAddress {
+                    lid: u16::from_le_bytes([a[0], a[1]]),
+                    gid,
+                },
+                qpn: QpNum(u32::from_le_bytes([a[18], a[19], a[20], a[21]])),
+            };
+        }
+        Some((
+            RcAddress {
+                count: count as u8,
+                lanes,
+            },
+            1 + count * 22,
+        ))
+    }
+}
+
 /// Counters of an [`RcTransport`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RcCounters {
-    /// The channels' counters, summed over peers.
+    /// The channels' counters, summed over peers and lanes.
     pub channels: ChannelCounters,
-    /// The memory-registration cache's counters.
+    /// The streams' counters, summed over peers (striping, lane failures, replays,
+    /// duplicates).
+    pub stream: StreamCounters,
+    /// The memory-registration caches' counters, summed over ports.
     pub mr_cache: MrCacheCounters,
     /// Messages from peers that broke the protocol (the peer is then treated as lost).
     pub protocol_errors: u64,
@@ -123,14 +227,66 @@ mod wr {
     }
 }
 
-struct Peer {
+/// One queue pair of a peer's connection, on one port.
+struct Lane {
     qp: QpNum,
-    /// The peer's queue pair this one is connected to (`None`: not yet, nothing is posted).
+    /// The peer's queue pair this one is connected to (`None`: not yet, or not used).
     remote: Option<QpAddress>,
     channel: RcChannel,
     recv_region: MemoryRegion,
     failed: bool,
+}
+
+struct Peer {
+    lanes: Vec<Lane>,
+    stream: PeerStream,
+    connected: bool,
+    /// Every lane failed, or the peer broke the protocol.
+    failed: bool,
     lost_reported: bool,
+}
+
+impl Peer {
+    fn usable(&self, lane: usize) -> bool {
+        self.lanes
+            .get(lane)
+            .is_some_and(|l| !l.failed && l.remote.is_some())
+    }
+
+    /// Lane `lane` failed: the stream moves its frames to the other lanes, and the first of
+    /// them tells the peer (which may not notice on its own: a queue pair whose peer's port
+    /// died fails only when it sends). Without a lane left, the peer has failed.
+    fn fail_lane(&mut self, peer: u32, lane: usize) {
+        let Some(l) = self.lanes.get_mut(lane) else {
+            return;
+        };
+        if l.failed {
+            return;
+        }
+        l.failed = true;
+        tracing::debug!(peer, lane, "verbs: RC lane failed");
+        if !self.stream.lane_failed(lane) {
+            self.failed = true;
+            return;
+        }
+        if let Some(other) = (0..self.lanes.len()).find(|&o| self.usable(o)) {
+            self.lanes[other].channel.report_lane_down(lane as u32);
+        }
+    }
+}
+
+/// One port: its provider and what the transport keeps per port.
+struct Port<P> {
+    provider: P,
+    send_region: MemoryRegion,
+    free_send: Vec<u32>,
+    /// Per send buffer in flight: the frame its message delivers.
+    sending: Vec<Option<(u32, StreamTag)>>,
+    cache: MrCache,
+    /// Outstanding final RDMA writes: their cached source region and the frame they deliver.
+    writes: FxHashMap<u32, (MrId, u32, StreamTag)>,
+    next_write: u32,
+    by_qp: FxHashMap<QpNum, u32>,
 }
 
 /// A rank's queue pairs and buffers before they are connected: made first on every rank so
@@ -140,15 +296,15 @@ pub struct PreparedRc<P: Provider> {
 }
 
 impl<P: Provider> PreparedRc<P> {
-    /// Creates one RC queue pair per peer of rank `rank` in a `size`-rank job on `provider`,
-    /// registers the buffers and posts the receives.
+    /// Creates one RC queue pair per peer and port of rank `rank` in a `size`-rank job on
+    /// `ports` (1 to [`MAX_LANES`]), registers the buffers and posts the receives.
     pub fn new(
-        provider: P,
+        ports: Vec<P>,
         rank: u32,
         size: u32,
         settings: RcSettings,
     ) -> Result<PreparedRc<P>, VerbsError> {
-        let mut state = State::new(provider, rank, size, settings)?;
+        let mut state = State::new(ports, rank, size, settings)?;
         for peer in 0..size {
             if peer != rank {
                 state.open_peer(peer)?;
@@ -157,17 +313,15 @@ impl<P: Provider> PreparedRc<P> {
         Ok(PreparedRc { state })
     }
 
-    /// The address of this rank's queue pair for `peer` (`None` for itself or out of range).
-    pub fn address_for(&self, peer: u32) -> Option<QpAddress> {
+    /// The addresses of this rank's queue pairs for `peer` (`None` for itself or out of
+    /// range).
+    pub fn address_for(&self, peer: u32) -> Option<RcAddress> {
         let p = self.state.peers.get(peer as usize)?.as_ref()?;
-        Some(QpAddress {
-            port: self.state.provider.port(),
-            qpn: p.qp,
-        })
+        Some(self.state.address_of(p))
     }
 
-    /// Connects every queue pair: `remotes[peer]` is `peer`'s queue pair for this rank.
-    pub fn connect(mut self, remotes: &[Option<QpAddress>]) -> Result<RcTransport<P>, VerbsError> {
+    /// Connects every queue pair: `remotes[peer]` is `peer`'s addresses for this rank.
+    pub fn connect(mut self, remotes: &[Option<RcAddress>]) -> Result<RcTransport<P>, VerbsError> {
         let size = self.state.peers.len();
         let mut pending = Vec::new();
         for (peer, slot) in self.state.peers.iter().enumerate() {
@@ -210,15 +364,8 @@ impl<P: Provider> std::fmt::Debug for RcTransport<P> {
 struct State<P: Provider> {
     rank: u32,
     settings: RcSettings,
-    provider: P,
+    ports: Vec<Port<P>>,
     peers: Vec<Option<Peer>>,
-    by_qp: FxHashMap<QpNum, u32>,
-    send_region: MemoryRegion,
-    free_send: Vec<u32>,
-    cache: MrCache,
-    /// Outstanding final RDMA writes: their cached source region.
-    writes: FxHashMap<u32, MrId>,
-    next_write: u32,
     arrivals: VecDeque<Arrival>,
     completions: Vec<Completion>,
     closed_at: Option<Instant>,
@@ -235,24 +382,42 @@ impl<P: Provider> RcTransport<P> {
         let s = self.lock();
         let mut c = s.counters;
         for p in s.peers.iter().flatten() {
-            let pc = p.channel.counters();
-            c.channels.eager_sent += pc.eager_sent;
-            c.channels.rendezvous_sent += pc.rendezvous_sent;
-            c.channels.rdma_bytes_sent += pc.rdma_bytes_sent;
-            c.channels.credit_updates_sent += pc.credit_updates_sent;
-            c.channels.credit_stalls += pc.credit_stalls;
-            c.channels.frames_delivered += pc.frames_delivered;
+            for l in &p.lanes {
+                let pc = l.channel.counters();
+                c.channels.eager_sent += pc.eager_sent;
+                c.channels.rendezvous_sent += pc.rendezvous_sent;
+                c.channels.rdma_bytes_sent += pc.rdma_bytes_sent;
+                c.channels.credit_updates_sent += pc.credit_updates_sent;
+                c.channels.credit_stalls += pc.credit_stalls;
+                c.channels.frames_delivered += pc.frames_delivered;
+            }
+            let sc = p.stream.counters();
+            c.stream.frames_sent += sc.frames_sent;
+            c.stream.frames_striped += sc.frames_striped;
+            for i in 0..MAX_LANES {
+                c.stream.parts_per_lane[i] += sc.parts_per_lane[i];
+                c.stream.bytes_per_lane[i] += sc.bytes_per_lane[i];
+            }
+            c.stream.lane_failures += sc.lane_failures;
+            c.stream.replayed += sc.replayed;
+            c.stream.duplicates += sc.duplicates;
+            c.stream.frames_delivered += sc.frames_delivered;
         }
-        c.mr_cache = s.cache.counters();
+        for port in &s.ports {
+            let mc = port.cache.counters();
+            c.mr_cache.hits += mc.hits;
+            c.mr_cache.misses += mc.misses;
+            c.mr_cache.evictions += mc.evictions;
+        }
         c
     }
 
-    /// A transport of rank `rank` in a `size`-rank job with no connection yet: queue pairs are
-    /// made by [`open_peer`](Self::open_peer) and connected by
-    /// [`connect_peer`](Self::connect_peer) when the connection manager says so. Frames to a
-    /// peer that is not connected are dropped (the caller sends only to connected peers).
+    /// A transport of rank `rank` in a `size`-rank job over `ports` (1 to [`MAX_LANES`]) with
+    /// no connection yet: queue pairs are made by [`open_peer`](Self::open_peer) and
+    /// connected by [`connect_peer`](Self::connect_peer) when the connection manager says so.
+    /// Frames to a peer that is not connected wait until it is.
     pub fn on_demand(
-        provider: P,
+        ports: Vec<P>,
         rank: u32,
         size: u32,
         settings: RcSettings,
@@ -260,34 +425,41 @@ impl<P: Provider> RcTransport<P> {
         Ok(RcTransport {
             rank,
             size,
-            state: Mutex::new(State::new(provider, rank, size, settings)?),
+            state: Mutex::new(State::new(ports, rank, size, settings)?),
         })
     }
 
-    /// Creates the queue pair for `peer` with its receive buffers posted, if it has none yet;
-    /// returns its address (what the peer connects to).
-    pub fn open_peer(&self, peer: u32) -> Result<QpAddress, VerbsError> {
+    /// Creates the queue pairs for `peer` (one per port) with their receive buffers posted,
+    /// if it has none yet; returns their addresses (what the peer connects to).
+    pub fn open_peer(&self, peer: u32) -> Result<RcAddress, VerbsError> {
         self.lock().open_peer(peer)
     }
 
-    /// Connects the queue pair for `peer` (made by [`open_peer`](Self::open_peer)) to the
-    /// peer's `remote`; a repeat with the same `remote` does nothing, another `remote` is an
-    /// error.
-    pub fn connect_peer(&self, peer: u32, remote: QpAddress) -> Result<(), VerbsError> {
+    /// Connects the queue pairs for `peer` (made by [`open_peer`](Self::open_peer)) to the
+    /// peer's `remote`, lane by lane (as many lanes as both sides have); a repeat with the
+    /// same `remote` does nothing, another `remote` is an error.
+    pub fn connect_peer(&self, peer: u32, remote: RcAddress) -> Result<(), VerbsError> {
         self.lock().connect_peer(peer, remote)
     }
 
-    /// Whether the queue pair for `peer` is connected and has not failed.
+    /// Whether the connection to `peer` is made and some lane of it has not failed.
     pub fn is_connected(&self, peer: u32) -> bool {
         let s = self.lock();
-        matches!(s.peers.get(peer as usize), Some(Some(p)) if p.remote.is_some() && !p.failed)
+        matches!(s.peers.get(peer as usize), Some(Some(p)) if p.connected && !p.failed)
     }
 
-    /// Credits this rank holds for `peer` now (`None` for itself or out of range).
+    /// Whether lane `lane` of the connection to `peer` is connected and has not failed.
+    pub fn lane_up(&self, peer: u32, lane: usize) -> bool {
+        let s = self.lock();
+        matches!(s.peers.get(peer as usize), Some(Some(p)) if p.usable(lane))
+    }
+
+    /// Credits this rank holds for `peer` on its first lane now (`None` for itself or out of
+    /// range).
     pub fn credits_for(&self, peer: u32) -> Option<u32> {
         let s = self.lock();
         let p = s.peers.get(peer as usize)?.as_ref()?;
-        Some(p.channel.credits().available())
+        Some(p.lanes.first()?.channel.credits().available())
     }
 
     /// Runs the protocol: takes in completions, registers buffers, posts what can be sent.
@@ -298,26 +470,39 @@ impl<P: Provider> RcTransport<P> {
 
 impl<P: Provider> State<P> {
     fn new(
-        mut provider: P,
+        providers: Vec<P>,
         rank: u32,
         size: u32,
         settings: RcSettings,
     ) -> Result<Self, VerbsError> {
         settings.validate()?;
+        if providers.is_empty() || providers.len() > MAX_LANES {
+            return Err(VerbsError::InvalidSetting(format!(
+                "{} ports (1 to {MAX_LANES})",
+                providers.len()
+            )));
+        }
         let len = settings.buffer_len;
-        let send_region =
-            provider.register(Buffer::Owned(vec![0; len * settings.send_buffers as usize]))?;
+        let mut ports = Vec::with_capacity(providers.len());
+        for mut provider in providers {
+            let send_region =
+                provider.register(Buffer::Owned(vec![0; len * settings.send_buffers as usize]))?;
+            ports.push(Port {
+                provider,
+                send_region,
+                free_send: (0..settings.send_buffers).rev().collect(),
+                sending: vec![None; settings.send_buffers as usize],
+                cache: MrCache::new(settings.mr_cache_bytes),
+                writes: FxHashMap::default(),
+                next_write: 0,
+                by_qp: FxHashMap::default(),
+            });
+        }
         Ok(State {
             rank,
             settings,
-            cache: MrCache::new(settings.mr_cache_bytes),
-            free_send: (0..settings.send_buffers).rev().collect(),
-            send_region,
-            provider,
+            ports,
             peers: (0..size).map(|_| None).collect(),
-            by_qp: FxHashMap::default(),
-            writes: FxHashMap::default(),
-            next_write: 0,
             arrivals: VecDeque::new(),
             completions: Vec::new(),
             closed_at: None,
@@ -325,17 +510,35 @@ impl<P: Provider> State<P> {
         })
     }
 
-    /// Creates the queue pair for `peer` (if it has none yet), registers its receive buffers
-    /// and posts them; returns the queue pair's address.
-    fn open_peer(&mut self, peer: u32) -> Result<QpAddress, VerbsError> {
-        let port = self.provider.port();
+    fn stream_config(&self) -> StreamConfig {
+        StreamConfig {
+            stripe_min: self.settings.stripe_min,
+        }
+    }
+
+    fn address_of(&self, p: &Peer) -> RcAddress {
+        let lanes: Vec<QpAddress> = p
+            .lanes
+            .iter()
+            .zip(&self.ports)
+            .map(|(l, port)| QpAddress {
+                port: port.provider.port(),
+                qpn: l.qp,
+            })
+            .collect();
+        RcAddress::new(&lanes).unwrap_or_else(|_| RcAddress::single(lanes[0]))
+    }
+
+    /// Creates the queue pairs for `peer` (if it has none yet), registers their receive
+    /// buffers and posts them; returns their addresses.
+    fn open_peer(&mut self, peer: u32) -> Result<RcAddress, VerbsError> {
         let slot = self
             .peers
             .get(peer as usize)
             .filter(|_| peer != self.rank)
             .ok_or_else(|| VerbsError::InvalidSetting(format!("no peer {peer}")))?;
         if let Some(p) = slot {
-            return Ok(QpAddress { port, qpn: p.qp });
+            return Ok(self.address_of(p));
         }
         let settings = self.settings;
         let len = settings.buffer_len;
@@ -344,77 +547,112 @@ impl<P: Provider> State<P> {
             max_recv_wr: settings.window,
             rnr_retry: 7,
         };
-        let qp = self.provider.create_qp(QpKind::Rc, caps)?;
-        let recv_region =
-            self.provider
-                .register(Buffer::Owned(vec![0; len * settings.window as usize]))?;
-        for slot in 0..settings.window {
-            self.provider.post_recv(
+        let mut lanes = Vec::with_capacity(self.ports.len());
+        for port in &mut self.ports {
+            let qp = port.provider.create_qp(QpKind::Rc, caps)?;
+            let recv_region =
+                port.provider
+                    .register(Buffer::Owned(vec![0; len * settings.window as usize]))?;
+            for slot in 0..settings.window {
+                port.provider.post_recv(
+                    qp,
+                    wr::id(wr::RECV, peer, slot),
+                    Sge {
+                        mr: recv_region.id,
+                        offset: slot as usize * len,
+                        len,
+                    },
+                )?;
+            }
+            port.by_qp.insert(qp, peer);
+            lanes.push(Lane {
                 qp,
-                wr::id(wr::RECV, peer, slot),
-                Sge {
-                    mr: recv_region.id,
-                    offset: slot as usize * len,
-                    len,
-                },
-            )?;
+                remote: None,
+                channel: RcChannel::new(ChannelConfig {
+                    window: settings.window,
+                    buffer_len: len,
+                    max_transfer: settings.max_transfer,
+                }),
+                recv_region,
+                failed: false,
+            });
         }
-        self.by_qp.insert(qp, peer);
-        self.peers[peer as usize] = Some(Peer {
-            qp,
-            remote: None,
-            channel: RcChannel::new(ChannelConfig {
-                window: settings.window,
-                buffer_len: len,
-                max_transfer: settings.max_transfer,
-            }),
-            recv_region,
+        let stream = PeerStream::new(lanes.len(), self.stream_config());
+        let p = Peer {
+            lanes,
+            stream,
+            connected: false,
             failed: false,
             lost_reported: false,
-        });
-        Ok(QpAddress { port, qpn: qp })
+        };
+        let address = self.address_of(&p);
+        self.peers[peer as usize] = Some(p);
+        Ok(address)
     }
 
-    /// Connects the queue pair for `peer` to `remote`; a repeat with the same `remote` does
-    /// nothing.
-    fn connect_peer(&mut self, peer: u32, remote: QpAddress) -> Result<(), VerbsError> {
+    /// Connects the queue pairs for `peer` to `remote`, lane by lane; a repeat with the same
+    /// `remote` does nothing.
+    fn connect_peer(&mut self, peer: u32, remote: RcAddress) -> Result<(), VerbsError> {
+        let config = self.stream_config();
         let Some(Some(p)) = self.peers.get_mut(peer as usize) else {
             return Err(VerbsError::InvalidSetting(format!(
                 "no queue pair for rank {peer}"
             )));
         };
-        match p.remote {
-            Some(r) if r == remote => Ok(()),
-            Some(r) => Err(VerbsError::InvalidSetting(format!(
-                "queue pair for rank {peer} is connected to {r:?}, not {remote:?}"
-            ))),
-            None => {
-                let qp = p.qp;
-                self.provider.connect(qp, remote, 0)?;
-                if let Some(Some(p)) = self.peers.get_mut(peer as usize) {
-                    p.remote = Some(remote);
-                }
-                self.service(peer);
+        let used = p.lanes.len().min(remote.lanes().len());
+        if p.connected {
+            let same = (0..used).all(|i| p.lanes[i].remote == Some(remote.lanes()[i]));
+            return if same {
                 Ok(())
-            }
+            } else {
+                Err(VerbsError::InvalidSetting(format!(
+                    "queue pairs for rank {peer} are connected to other queue pairs than {remote:?}"
+                )))
+            };
         }
+        for (i, r) in remote.lanes().iter().enumerate().take(used) {
+            let qp = p.lanes[i].qp;
+            self.ports[i].provider.connect(qp, *r, 0)?;
+            p.lanes[i].remote = Some(*r);
+        }
+        // Lanes the peer does not have stay unused.
+        for l in &mut p.lanes[used..] {
+            l.failed = true;
+        }
+        if used < p.lanes.len() && p.stream.end() == 0 {
+            p.stream = PeerStream::new(used, config);
+        }
+        p.connected = true;
+        self.service(peer);
+        Ok(())
     }
 
     fn progress(&mut self) -> Result<(), TransportError> {
         loop {
-            let mut batch = std::mem::take(&mut self.completions);
-            batch.clear();
-            let n = self.provider.poll_completions(&mut batch, 64)?;
-            for c in &batch {
-                self.on_completion(c);
+            let mut total = 0;
+            for port in 0..self.ports.len() {
+                let mut batch = std::mem::take(&mut self.completions);
+                batch.clear();
+                total += self.ports[port].provider.poll_completions(&mut batch, 64)?;
+                for c in &batch {
+                    self.on_completion(port, c);
+                }
+                self.completions = batch;
             }
-            self.completions = batch;
             for peer in 0..self.peers.len() {
                 self.service(peer as u32);
             }
-            if n == 0 {
+            if total == 0 {
                 return Ok(());
             }
+        }
+    }
+
+    /// Lane `lane` of `peer` failed: the stream moves its frames to the other lanes; without
+    /// one left, the peer has failed.
+    fn lane_failed(&mut self, peer: u32, lane: usize) {
+        if let Some(Some(p)) = self.peers.get_mut(peer as usize) {
+            p.fail_lane(peer, lane);
         }
     }
 
@@ -424,89 +662,105 @@ impl<P: Provider> State<P> {
         }
     }
 
-    fn on_completion(&mut self, c: &Completion) {
+    fn delivered(&mut self, peer: u32, tag: StreamTag) {
+        if let Some(Some(p)) = self.peers.get_mut(peer as usize) {
+            p.stream.on_delivered(tag);
+        }
+    }
+
+    fn on_completion(&mut self, port: usize, c: &Completion) {
         let kind = wr::kind(c.wr_id);
+        let index = wr::index(c.wr_id);
         if c.status != CompletionStatus::Success {
             self.counters.failed_completions += 1;
+            let pt = &mut self.ports[port];
             if kind == wr::SEND {
-                self.free_send.push(wr::index(c.wr_id));
+                if let Some(s) = pt.sending.get_mut(index as usize) {
+                    *s = None;
+                }
+                pt.free_send.push(index);
             }
             if kind == wr::WRITE_LAST
-                && let Some(mr) = self.writes.remove(&wr::index(c.wr_id))
+                && let Some((mr, _, _)) = pt.writes.remove(&index)
             {
-                self.cache.release(mr);
+                pt.cache.release(mr);
             }
-            if let Some(&peer) = self.by_qp.get(&c.qpn) {
-                self.peer_failed(peer);
+            if let Some(&peer) = self.ports[port].by_qp.get(&c.qpn) {
+                self.lane_failed(peer, port);
             }
             return;
         }
         match kind {
             wr::RECV => {
                 let peer = wr::peer(c.wr_id);
-                if let Err(e) = self.on_receive(peer, wr::index(c.wr_id), c) {
+                if let Err(e) = self.on_receive(port, peer, index, c) {
                     tracing::warn!(peer, error = %e, "verbs: peer broke the protocol");
                     self.counters.protocol_errors += 1;
                     self.peer_failed(peer);
                 }
             }
-            wr::SEND => self.free_send.push(wr::index(c.wr_id)),
-            wr::WRITE_LAST => {
-                if let Some(mr) = self.writes.remove(&wr::index(c.wr_id)) {
-                    self.cache.release(mr);
+            wr::SEND => {
+                let pt = &mut self.ports[port];
+                let done = pt.sending.get_mut(index as usize).and_then(Option::take);
+                pt.free_send.push(index);
+                if let Some((peer, tag)) = done {
+                    self.delivered(peer, tag);
                 }
-                for id in self.cache.evict() {
-                    let _ = self.provider.deregister(id);
+            }
+            wr::WRITE_LAST => {
+                let pt = &mut self.ports[port];
+                let done = pt.writes.remove(&index);
+                if let Some((mr, _, _)) = done {
+                    pt.cache.release(mr);
+                }
+                for id in pt.cache.evict() {
+                    let _ = pt.provider.deregister(id);
+                }
+                if let Some((_, peer, tag)) = done {
+                    self.delivered(peer, tag);
                 }
             }
             _ => {}
         }
     }
 
-    /// A receive completed: repost its buffer, then hand what came to the channel.
-    fn on_receive(&mut self, peer: u32, slot: u32, c: &Completion) -> Result<(), VerbsError> {
+    /// A receive completed on lane `lane`: hand what came to the lane's channel, then repost
+    /// its buffer (a lane whose queue pair is in error cannot take it back: it has failed).
+    fn on_receive(
+        &mut self,
+        lane: usize,
+        peer: u32,
+        slot: u32,
+        c: &Completion,
+    ) -> Result<(), VerbsError> {
         let len = self.settings.buffer_len;
         let Some(Some(p)) = self.peers.get_mut(peer as usize) else {
             return Ok(());
         };
-        let (qp, region) = (p.qp, p.recv_region.id);
-        let message = match c.kind {
-            CompletionKind::Recv => Some(self.provider.read_local(
-                region,
-                slot as usize * len,
-                c.byte_len.min(len),
-            )?),
-            _ => None,
-        };
-        self.provider.post_recv(
-            qp,
-            c.wr_id,
-            Sge {
-                mr: region,
-                offset: slot as usize * len,
-                len,
-            },
-        )?;
-        let Some(Some(p)) = self.peers.get_mut(peer as usize) else {
+        let Some(l) = p.lanes.get_mut(lane) else {
             return Ok(());
+        };
+        let (qp, region) = (l.qp, l.recv_region.id);
+        let provider = &mut self.ports[lane].provider;
+        let message = match c.kind {
+            CompletionKind::Recv => {
+                Some(provider.read_local(region, slot as usize * len, c.byte_len.min(len))?)
+            }
+            _ => None,
         };
         let channel_error = |e| VerbsError::InvalidRequest(format!("rank {peer}: {e}"));
         match (message, c.imm) {
-            (Some(bytes), _) => p
+            (Some(bytes), _) => l
                 .channel
                 .on_message(Bytes::from(bytes))
                 .map_err(channel_error)?,
             (None, Some(transfer)) => {
-                let mr = p
+                let mr = l
                     .channel
                     .on_write_done(transfer, c.byte_len)
                     .map_err(channel_error)?;
-                match self.provider.deregister(mr)? {
-                    Buffer::Owned(v) => {
-                        if let Some(Some(p)) = self.peers.get_mut(peer as usize) {
-                            p.channel.deliver_transfer(transfer, Bytes::from(v));
-                        }
-                    }
+                match provider.deregister(mr)? {
+                    Buffer::Owned(v) => l.channel.deliver_transfer(transfer, Bytes::from(v)),
                     Buffer::Shared(_) => {
                         return Err(VerbsError::BadAccess(
                             "a transfer buffer came back read-only".into(),
@@ -520,27 +774,81 @@ impl<P: Provider> State<P> {
                 ));
             }
         }
+        let repost = provider.post_recv(
+            qp,
+            c.wr_id,
+            Sge {
+                mr: region,
+                offset: slot as usize * len,
+                len,
+            },
+        );
+        if let Err(e) = repost {
+            tracing::debug!(peer, lane, error = %e, "verbs: receive not reposted");
+            self.lane_failed(peer, lane);
+        }
         Ok(())
     }
 
-    /// Registers buffers for a peer's incoming transfers, posts what its channel has to send,
-    /// and moves its complete frames (and its loss) to the arrivals.
+    /// Hands the peer's queued frames to its lanes, registers buffers for its incoming
+    /// transfers, posts what its channels have to send, and moves its frames (in stream
+    /// order) and its loss to the arrivals.
     fn service(&mut self, peer: u32) {
         let Some(mut p) = self.peers.get_mut(peer as usize).and_then(Option::take) else {
             return;
         };
-        if !p.failed
-            && p.remote.is_some()
-            && let Err(e) = self.post_for(peer, &mut p)
-        {
-            tracing::warn!(peer, error = %e, "verbs: connection failed");
+        while !p.failed && p.connected {
+            while let Some((lane, tag, frame)) = p.stream.poll_transmit() {
+                p.lanes[lane].channel.send(tag, frame);
+            }
+            let mut broken = None;
+            for lane in 0..p.lanes.len() {
+                if p.usable(lane)
+                    && let Err(e) = self.post_for(lane, peer, &mut p.lanes[lane])
+                {
+                    tracing::warn!(peer, lane, error = %e, "verbs: RC lane failed");
+                    broken = Some(lane);
+                    break;
+                }
+            }
+            let Some(lane) = broken else { break };
+            p.fail_lane(peer, lane);
+        }
+        let mut protocol_error = false;
+        let mut down = Vec::new();
+        for l in &mut p.lanes {
+            while let Some((tag, frame)) = l.channel.poll_frame() {
+                if let Err(e) = p.stream.on_part(tag, frame) {
+                    tracing::warn!(peer, error = %e, "verbs: peer broke the protocol");
+                    protocol_error = true;
+                }
+            }
+            while let Some(lane) = l.channel.poll_lane_down() {
+                down.push(lane as usize);
+            }
+        }
+        if !down.is_empty() {
+            for lane in down {
+                p.fail_lane(peer, lane);
+            }
+            // Its frames go out on the other lanes now.
+            self.peers[peer as usize] = Some(p);
+            return self.service(peer);
+        }
+        if protocol_error {
+            self.counters.protocol_errors += 1;
             p.failed = true;
         }
-        while let Some(frame) = p.channel.poll_frame() {
+        while let Some(frame) = p.stream.poll_frame() {
             self.arrivals
                 .push_back(Arrival::Frame { from: peer, frame });
         }
-        if (p.failed || p.channel.peer_finished()) && !p.lost_reported {
+        let finished = p
+            .lanes
+            .iter()
+            .filter_map(|l| l.channel.peer_end())
+            .any(|end| p.stream.delivered_below(end));
+        if (p.failed || finished) && !p.lost_reported {
             p.lost_reported = true;
             self.counters.peers_lost += 1;
             self.arrivals.push_back(Arrival::PeerLost { rank: peer });
@@ -548,30 +856,33 @@ impl<P: Provider> State<P> {
         self.peers[peer as usize] = Some(p);
     }
 
-    fn post_for(&mut self, peer: u32, p: &mut Peer) -> Result<(), VerbsError> {
-        while let Some((transfer, len)) = p.channel.poll_allocation() {
-            let len = usize::try_from(len)
-                .map_err(|_| VerbsError::InvalidRequest(format!("transfer of {len} bytes")))?;
-            let region = self.provider.register(Buffer::Owned(vec![0; len]))?;
-            p.channel.buffer_ready(transfer, &region);
-        }
+    fn post_for(&mut self, lane: usize, peer: u32, l: &mut Lane) -> Result<(), VerbsError> {
+        let max_write = self.settings.max_write;
         let len = self.settings.buffer_len;
-        while let Some(t) = p.channel.poll_transmit(!self.free_send.is_empty()) {
+        let port = &mut self.ports[lane];
+        while let Some((transfer, size)) = l.channel.poll_allocation() {
+            let size = usize::try_from(size)
+                .map_err(|_| VerbsError::InvalidRequest(format!("transfer of {size} bytes")))?;
+            let region = port.provider.register(Buffer::Owned(vec![0; size]))?;
+            l.channel.buffer_ready(transfer, &region);
+        }
+        while let Some(t) = l.channel.poll_transmit(!port.free_send.is_empty()) {
             match t {
-                Transmit::Message(bytes) => {
-                    let Some(slot) = self.free_send.pop() else {
+                Transmit::Message { bytes, delivers } => {
+                    let Some(slot) = port.free_send.pop() else {
                         return Err(VerbsError::InvalidRequest("no send buffer".into()));
                     };
                     let offset = slot as usize * len;
-                    self.provider
-                        .write_local(self.send_region.id, offset, &bytes)?;
-                    self.provider.post_send(
-                        p.qp,
+                    port.provider
+                        .write_local(port.send_region.id, offset, &bytes)?;
+                    port.sending[slot as usize] = delivers.map(|tag| (peer, tag));
+                    port.provider.post_send(
+                        l.qp,
                         SendRequest {
                             wr_id: wr::id(wr::SEND, peer, slot),
                             op: SendOp::Send { imm: None },
                             local: Some(Sge {
-                                mr: self.send_region.id,
+                                mr: port.send_region.id,
                                 offset,
                                 len: bytes.len(),
                             }),
@@ -579,24 +890,25 @@ impl<P: Provider> State<P> {
                     )?;
                 }
                 Transmit::Write {
+                    tag,
                     transfer,
                     payload,
                     remote,
                 } => {
-                    let provider = &mut self.provider;
-                    let region = self
+                    let provider = &mut port.provider;
+                    let region = port
                         .cache
                         .acquire(&payload, |b| provider.register(Buffer::Shared(b)))?;
-                    let id = self.next_write;
-                    self.next_write = self.next_write.wrapping_add(1);
-                    self.writes.insert(id, region.id);
+                    let id = port.next_write;
+                    port.next_write = port.next_write.wrapping_add(1);
+                    port.writes.insert(id, (region.id, peer, tag));
                     let total = payload.len();
                     let mut offset = 0;
-                    while offset < total {
-                        let piece = (total - offset).min(self.settings.max_write);
+                    loop {
+                        let piece = (total - offset).min(max_write);
                         let last = offset + piece == total;
-                        self.provider.post_send(
-                            p.qp,
+                        port.provider.post_send(
+                            l.qp,
                             SendRequest {
                                 wr_id: wr::id(
                                     if last {
@@ -608,7 +920,7 @@ impl<P: Provider> State<P> {
                                     id,
                                 ),
                                 op: SendOp::Write {
-                                    remote: super::provider::RemoteSlice {
+                                    remote: RemoteSlice {
                                         addr: remote.addr + offset as u64,
                                         rkey: remote.rkey,
                                     },
@@ -622,6 +934,9 @@ impl<P: Provider> State<P> {
                             },
                         )?;
                         offset += piece;
+                        if last {
+                            break;
+                        }
                     }
                 }
             }
@@ -630,16 +945,23 @@ impl<P: Provider> State<P> {
     }
 
     fn is_drained(&self) -> bool {
-        let idle = self
-            .peers
+        let idle = self.peers.iter().flatten().all(|p| {
+            p.failed
+                || !p.connected
+                || (p.stream.is_idle()
+                    && p.lanes
+                        .iter()
+                        .all(|l| l.failed || l.remote.is_none() || l.channel.is_idle()))
+        });
+        let sends_done = self
+            .ports
             .iter()
-            .flatten()
-            .all(|p| p.failed || p.remote.is_none() || p.channel.is_idle());
-        let sends_done = self.free_send.len() == self.settings.send_buffers as usize;
+            .all(|p| p.free_send.len() == self.settings.send_buffers as usize);
+        let writes_done = self.ports.iter().all(|p| p.writes.is_empty());
         let expired = self
             .closed_at
             .is_some_and(|t| t.elapsed() >= self.settings.linger);
-        (idle && sends_done && self.writes.is_empty()) || expired
+        (idle && sends_done && writes_done) || expired
     }
 }
 
@@ -670,7 +992,7 @@ impl<P: Provider> Transport for RcTransport<P> {
         if let Some(Some(p)) = s.peers.get_mut(to as usize) {
             // A frame to a failed peer is dropped: its `PeerLost` tells the message layer.
             if !p.failed {
-                p.channel.send(frame);
+                p.stream.send(frame);
             }
         }
         s.service(to);
@@ -690,7 +1012,16 @@ impl<P: Provider> Transport for RcTransport<P> {
         if !s.arrivals.is_empty() {
             return Poll::Ready(());
         }
-        s.provider.poll_ready(cx)
+        // Every port registers the waker.
+        let mut ready = false;
+        for port in &s.ports {
+            ready |= port.provider.poll_ready(cx).is_ready();
+        }
+        if ready {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
     }
 
     fn close(&self) {
@@ -700,7 +1031,10 @@ impl<P: Provider> Transport for RcTransport<P> {
         }
         s.closed_at = Some(Instant::now());
         for p in s.peers.iter_mut().flatten() {
-            p.channel.close();
+            let end = p.stream.end();
+            for l in &mut p.lanes {
+                l.channel.close(end);
+            }
         }
         let _ = s.progress();
     }
@@ -718,21 +1052,29 @@ impl<P: Provider> Transport for RcTransport<P> {
     }
 }
 
-/// Connects `providers.len()` ranks of one process (rank `i` on `providers[i]`): every rank
-/// prepares its queue pairs, then each connects to the others' (the out-of-band exchange a
-/// multi-process job does through its key-value store).
+/// Connects `providers.len()` ranks of one process (rank `i` on the one port
+/// `providers[i]`): every rank prepares its queue pairs, then each connects to the others'
+/// (the out-of-band exchange a multi-process job does through its key-value store).
 pub fn connect_job<P: Provider>(
     providers: Vec<P>,
     settings: RcSettings,
 ) -> Result<Vec<RcTransport<P>>, VerbsError> {
-    let size = u32::try_from(providers.len())
-        .map_err(|_| VerbsError::InvalidSetting(format!("{} ranks", providers.len())))?;
-    let prepared = providers
+    connect_job_ports(providers.into_iter().map(|p| vec![p]).collect(), settings)
+}
+
+/// [`connect_job`] with several ports per rank (`ports[i]` are rank `i`'s, lane order).
+pub fn connect_job_ports<P: Provider>(
+    ports: Vec<Vec<P>>,
+    settings: RcSettings,
+) -> Result<Vec<RcTransport<P>>, VerbsError> {
+    let size = u32::try_from(ports.len())
+        .map_err(|_| VerbsError::InvalidSetting(format!("{} ranks", ports.len())))?;
+    let prepared = ports
         .into_iter()
         .zip(0..)
         .map(|(p, rank)| PreparedRc::new(p, rank, size, settings))
         .collect::<Result<Vec<_>, _>>()?;
-    let addresses: Vec<Vec<Option<QpAddress>>> = (0..size)
+    let addresses: Vec<Vec<Option<RcAddress>>> = (0..size)
         .map(|me| prepared.iter().map(|p| p.address_for(me)).collect())
         .collect();
     prepared

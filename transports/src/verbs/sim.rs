@@ -117,6 +117,7 @@ impl SimFabric {
             cq: VecDeque::new(),
             waker: None,
             ahs: Vec::new(),
+            rdma_bytes: 0,
         });
         SimProvider {
             fabric: self.clone(),
@@ -170,6 +171,12 @@ impl SimFabric {
         }
     }
 
+    /// Bytes moved by RDMA writes and reads that queue pairs of port `lid` started (0 for an
+    /// unknown port).
+    pub fn port_rdma_bytes(&self, lid: u16) -> u64 {
+        self.lock().port(lid).map_or(0, |p| p.rdma_bytes)
+    }
+
     /// What the fabric counted so far.
     pub fn counters(&self) -> SimCounters {
         self.lock().counters
@@ -201,6 +208,8 @@ struct Port {
     cq: VecDeque<Completion>,
     waker: Option<Waker>,
     ahs: Vec<PortAddress>,
+    /// Bytes moved by RDMA writes and reads that queue pairs of this port started.
+    rdma_bytes: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -609,6 +618,9 @@ impl Fabric {
                     &bytes,
                 );
                 self.counters.rdma_bytes += len as u64;
+                if let Some(p) = self.port_mut(lid) {
+                    p.rdma_bytes += len as u64;
+                }
                 if let Some(imm) = imm {
                     let Some((wr_id, _)) = self
                         .qps
@@ -643,6 +655,9 @@ impl Fabric {
                     self.write_sge(&local, &bytes);
                 }
                 self.counters.rdma_bytes += len as u64;
+                if let Some(p) = self.port_mut(lid) {
+                    p.rdma_bytes += len as u64;
+                }
             }
             SendOp::SendTo { .. } => {}
         }

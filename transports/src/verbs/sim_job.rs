@@ -40,8 +40,9 @@ pub struct SimulatedTransports {
 }
 
 /// The transports of an `n`-rank in-process job over a fresh [`SimFabric`] with `ports`
-/// ports per rank: UD on every port (one route each), RC connections made on demand on the
-/// first. Must be called inside a tokio runtime.
+/// ports per rank: UD on every port (one route each), RC connections made on demand with one
+/// lane per port (at most [`MAX_LANES`](super::stream::MAX_LANES) ports). Must be called
+/// inside a tokio runtime.
 pub fn simulated_adaptive_transports(
     n: usize,
     ports: usize,
@@ -75,7 +76,7 @@ pub fn simulated_adaptive_transports(
             settings.ud,
         )?);
         rcs.push(RcTransport::on_demand(
-            rank_ports[0].handle(),
+            rank_ports.iter().map(SharedPort::handle).collect(),
             rank,
             size,
             settings.rc,

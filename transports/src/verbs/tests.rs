@@ -296,7 +296,7 @@ fn bad_settings_and_ranks_are_errors() {
         ..RcSettings::default()
     };
     assert!(matches!(
-        rc::PreparedRc::new(fabric.open_port(), 0, 2, bad),
+        rc::PreparedRc::new(vec![fabric.open_port()], 0, 2, bad),
         Err(VerbsError::InvalidSetting(_))
     ));
     let (_, ranks) = job(2, RcSettings::default());
@@ -332,4 +332,172 @@ async fn communicators_exchange_messages_of_every_size() {
     while let Some(r) = tasks.join_next().await {
         r.unwrap();
     }
+}
+
+/// `n` ranks with `ports` ports each, all connected lane by lane; also each rank's port LIDs.
+fn multi_port_job(
+    n: usize,
+    ports: usize,
+    settings: RcSettings,
+) -> (SimFabric, Vec<RcTransport<SimProvider>>, Vec<Vec<u16>>) {
+    let fabric = SimFabric::default();
+    let providers: Vec<Vec<SimProvider>> = (0..n)
+        .map(|_| (0..ports).map(|_| fabric.open_port()).collect())
+        .collect();
+    let lids = providers
+        .iter()
+        .map(|ps| ps.iter().map(|p| p.port().lid).collect())
+        .collect();
+    let ranks = connect_job_ports(providers, settings).unwrap();
+    (fabric, ranks, lids)
+}
+
+/// The frames of a transfer: eager frames of varied sizes with one large frame at `big_at`.
+fn transfer_frame(seq: u64, big_at: u64, big_len: usize) -> Frame {
+    let len = if seq == big_at {
+        big_len
+    } else {
+        (seq as usize * 53) % 3000
+    };
+    frame(seq, Bytes::from(pattern(seq, len)))
+}
+
+fn check_transfer(got: &[(u32, Frame)], from: u32, n: u64, big_at: u64, big_len: usize) {
+    let mine: Vec<&Frame> = got
+        .iter()
+        .filter(|(f, _)| *f == from)
+        .map(|(_, f)| f)
+        .collect();
+    assert_eq!(mine.len() as u64, n, "frames from rank {from}");
+    for (seq, f) in mine.into_iter().enumerate() {
+        let want = transfer_frame(seq as u64, big_at, big_len);
+        assert!(
+            f == &want,
+            "frame {seq} from rank {from} out of order or damaged"
+        );
+    }
+}
+
+/// A large frame is split across both ports (each port's queue pairs write their part), and
+/// eager frames stay on the first.
+#[test]
+fn striping_moves_a_large_frame_over_both_ports() {
+    let (fabric, ranks, lids) = multi_port_job(2, 2, RcSettings::default());
+    for seq in 0..20 {
+        ranks[0].send(1, transfer_frame(seq, 10, 8 << 20)).unwrap();
+    }
+    let got = collect_frames(&ranks, 1, 20);
+    check_transfer(&got, 0, 20, 10, 8 << 20);
+    let c = ranks[0].counters().stream;
+    assert_eq!(c.frames_striped, 1);
+    assert_eq!(c.parts_per_lane[0], 20, "19 eager frames and one part");
+    assert_eq!(c.parts_per_lane[1], 1, "the other part");
+    assert_eq!(c.bytes_per_lane[1], 4 << 20);
+    // The fabric saw each port of rank 0 write half of the large frame.
+    assert_eq!(fabric.port_rdma_bytes(lids[0][0]), 4 << 20);
+    assert_eq!(fabric.port_rdma_bytes(lids[0][1]), 4 << 20);
+}
+
+/// Both ranks send a stream of eager frames around a large striped frame to each other; one
+/// port (each of the four in turn, at several moments) fails mid-way. Everything arrives once,
+/// in order and intact, over the surviving port; the failure is seen by both sides.
+#[test]
+fn a_port_failing_mid_transfer_loses_duplicates_and_reorders_nothing() {
+    let n = 120u64;
+    let big_at = 40;
+    for victim in 0..4usize {
+        for fail_after in [0usize, 2, 6] {
+            let big_len = if victim == 0 && fail_after == 2 {
+                64 << 20
+            } else {
+                3 << 20
+            };
+            let settings = RcSettings {
+                window: 8,
+                stripe_min: 1 << 20,
+                ..RcSettings::default()
+            };
+            let (fabric, ranks, lids) = multi_port_job(2, 2, settings);
+            let lid = lids[victim / 2][victim % 2];
+            for seq in 0..n {
+                for (me, t) in ranks.iter().enumerate() {
+                    t.send(1 - me as u32, transfer_frame(seq, big_at, big_len))
+                        .unwrap();
+                }
+            }
+            let mut got: [Vec<(u32, Frame)>; 2] = [Vec::new(), Vec::new()];
+            let mut out = Vec::new();
+            for round in 0..20_000 {
+                if round == fail_after {
+                    fabric.fail_port(lid);
+                }
+                for (me, t) in ranks.iter().enumerate() {
+                    t.drain(&mut out).unwrap();
+                    for a in out.drain(..) {
+                        match a {
+                            Arrival::Frame { from, frame } => got[me].push((from, frame)),
+                            Arrival::PeerLost { rank } => {
+                                panic!("victim {victim}, fail after {fail_after}: rank {rank} lost")
+                            }
+                        }
+                    }
+                }
+                if got.iter().all(|g| g.len() as u64 >= n) && round > fail_after {
+                    break;
+                }
+            }
+            for me in 0..2 {
+                check_transfer(&got[me], 1 - me as u32, n, big_at, big_len);
+                assert!(
+                    ranks[me].is_connected(1 - me as u32),
+                    "the other lane carries on"
+                );
+                assert!(
+                    !ranks[me].lane_up(1 - me as u32, victim % 2),
+                    "victim {victim}, fail after {fail_after}: rank {me} still uses the failed lane"
+                );
+                assert_eq!(ranks[me].counters().stream.lane_failures, 1);
+            }
+            // Before the first round, each lane holds frames (eager ones waiting for credits,
+            // rendezvous parts waiting for their Cts): the failure must replay some.
+            let replayed: u64 = ranks.iter().map(|r| r.counters().stream.replayed).sum();
+            assert!(
+                fail_after > 0 || replayed > 0,
+                "victim {victim}: nothing was replayed"
+            );
+        }
+    }
+}
+
+/// When every port of a peer fails, the peer is lost after the frames already complete.
+#[test]
+fn losing_every_port_makes_the_peer_lost() {
+    let (fabric, ranks, lids) = multi_port_job(2, 2, RcSettings::default());
+    ranks[0]
+        .send(1, frame(0, Bytes::from_static(b"a")))
+        .unwrap();
+    fabric.fail_port(lids[1][0]);
+    ranks[0]
+        .send(1, frame(1, Bytes::from_static(b"b")))
+        .unwrap();
+    fabric.fail_port(lids[1][1]);
+    ranks[0]
+        .send(1, frame(2, Bytes::from_static(b"c")))
+        .unwrap();
+    let mut out = Vec::new();
+    for _ in 0..100 {
+        ranks[0].drain(&mut out).unwrap();
+        if out
+            .iter()
+            .any(|a| matches!(a, Arrival::PeerLost { rank: 1 }))
+        {
+            break;
+        }
+    }
+    assert!(
+        out.iter()
+            .any(|a| matches!(a, Arrival::PeerLost { rank: 1 })),
+        "{out:?}"
+    );
+    assert_eq!(ranks[0].counters().stream.lane_failures, 2);
 }
