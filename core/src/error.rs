@@ -108,6 +108,15 @@ pub enum TransportError {
     /// The transport was closed.
     #[error("transport closed")]
     Closed,
+    /// The transport cannot be used here: this build lacks it, or the hardware it needs is
+    /// missing (for verbs: no RDMA device).
+    #[error("the {transport} transport is unavailable: {reason}")]
+    Unavailable {
+        /// Which transport (`verbs`, ...).
+        transport: &'static str,
+        /// Why, and what to do about it where known.
+        reason: String,
+    },
     /// An operating-system error.
     #[error("{op}: {message}")]
     Io {

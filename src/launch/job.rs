@@ -41,6 +41,17 @@ pub(crate) async fn join(mut config: Config, bootstrap: Bootstrap) -> Result<Com
     };
     match config.transport {
         TransportKind::Auto | TransportKind::Udp | TransportKind::Shm => {}
+        TransportKind::Verbs => {
+            // Say first what is missing here (the feature, a device); with both, what is
+            // missing in rankweave.
+            let device = rankweave_transports::verbs::device_job::device_from_env();
+            rankweave_transports::verbs::device_job::probe(device.as_deref())
+                .map_err(|e| Error::Transport(e.into()))?;
+            return Err(launch_error(
+                launcher_name,
+                "RANKWEAVE_TRANSPORT=verbs connects ranks of one process (rankweave::local) but not yet processes; use auto, shm or udp",
+            ));
+        }
         other => {
             return Err(launch_error(
                 launcher_name,

@@ -18,7 +18,10 @@ use rankweave_transports::{inproc, shm, udp};
 /// Each rank gets its world [`Communicator`]; traffic between them goes over the in-process
 /// transport (zero-copy), with `RANKWEAVE_TRANSPORT=udp` over UDP sockets of their own
 /// (one per route in `RANKWEAVE_ROUTES`), or with `RANKWEAVE_TRANSPORT=shm` through
-/// shared-memory segments of their own, exactly as processes would. With `RANKWEAVE_RELIABILITY=on` or a
+/// shared-memory segments of their own, exactly as processes would; with
+/// `RANKWEAVE_TRANSPORT=verbs` over the RDMA device (`RANKWEAVE_VERBS_DEVICE`, the first when
+/// unset; a build without the feature `verbs`, or a machine without a device, gives
+/// [`Error::Transport`] with `TransportError::Unavailable`). `auto` never picks verbs. With `RANKWEAVE_RELIABILITY=on` or a
 /// `RANKWEAVE_CHAOS` spec, in-process ranks exchange datagrams through the reliability layer
 /// instead of handing frames over. Settings come from the environment ([`Config::from_env`]). If a rank
 /// panics, its peers see [`Error::PeerFailed`] for operations that involve it, and `local`
@@ -48,11 +51,9 @@ where
             inproc::reliable::reliable_world(n, &config)?
         }
         TransportKind::Auto | TransportKind::Inproc => inproc::world(n, &config)?,
-        other => {
-            return Err(Error::InvalidArgument(format!(
-                "in-process jobs run over the in-process or UDP transport; {other:?} is not available for them yet"
-            )));
-        }
+        // The real device only: the simulated fabric is for tests. Without the feature or a
+        // device this is a typed `TransportError::Unavailable`.
+        TransportKind::Verbs => rankweave_transports::verbs::device_world(n, &config)?,
     };
     let mut tasks = tokio::task::JoinSet::new();
     let mut rank_of = std::collections::HashMap::new();

@@ -59,10 +59,19 @@ pub enum VerbsError {
     /// A setting is out of range.
     #[error("invalid verbs setting: {0}")]
     InvalidSetting(String),
+    /// This build has no device provider: it was compiled without the cargo feature `verbs`.
+    #[error("this build lacks the cargo feature `verbs` (rebuild with `--features verbs`)")]
+    NotBuilt,
 }
 
 impl From<VerbsError> for TransportError {
     fn from(e: VerbsError) -> Self {
+        if matches!(e, VerbsError::NoDevice { .. } | VerbsError::NotBuilt) {
+            return TransportError::Unavailable {
+                transport: "verbs",
+                reason: e.to_string(),
+            };
+        }
         TransportError::Io {
             op: "verbs",
             message: e.to_string(),

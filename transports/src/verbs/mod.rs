@@ -24,6 +24,7 @@ pub mod connection_manager;
 pub mod credits;
 #[cfg(feature = "verbs")]
 pub mod device;
+pub mod device_job;
 pub mod env;
 
 mod error;
@@ -43,13 +44,15 @@ use std::sync::Arc;
 use rankweave_core::{Communicator, Config, Error};
 
 pub use adaptive::{AdaptiveSettings, AdaptiveTransport};
+pub use device_job::{device_world, device_world_with};
 pub use error::VerbsError;
 pub use provider::Provider;
 pub use rc::{RcAddress, RcSettings, RcTransport, connect_job, connect_job_ports};
 pub use shared_port::{PortHandle, SharedPort};
 pub use sim::{SimFabric, SimProvider};
 pub use sim_job::{
-    SimulatedJob, SimulatedTransports, simulated_adaptive_transports, simulated_adaptive_world,
+    SimulatedJob, SimulatedTransports, adaptive_transports, simulated_adaptive_transports,
+    simulated_adaptive_world,
 };
 
 /// The world communicators of an `n`-rank in-process job whose ranks talk over the RC

@@ -7,6 +7,7 @@ use rankweave_core::{Communicator, Config, Error, MulticastSetup};
 
 use super::adaptive::{self, AdaptiveSettings, AdaptiveTransport};
 use super::error::VerbsError;
+use super::provider::Provider;
 use super::rc::RcTransport;
 use super::shared_port::SharedPort;
 use super::sim::{SimFabric, SimProvider};
@@ -57,7 +58,6 @@ pub fn simulated_adaptive_transports(
         return Err(VerbsError::InvalidSetting("0 ports per rank".into()));
     }
     let fabric = SimFabric::default();
-    let job_key = rankweave_core::rng::random_u64();
     let shared: Vec<Vec<SharedPort<SimProvider>>> = (0..n)
         .map(|_| {
             (0..ports)
@@ -65,9 +65,37 @@ pub fn simulated_adaptive_transports(
                 .collect()
         })
         .collect();
-    let mut carriers = Vec::with_capacity(n);
-    let mut rcs = Vec::with_capacity(n);
-    for (rank, rank_ports) in (0u32..).zip(&shared) {
+    let (transports, job_key) = adaptive_transports(&shared, size, peer_timeout, settings)?;
+    Ok(SimulatedTransports {
+        fabric,
+        transports,
+        ports: shared,
+        job_key,
+    })
+}
+
+/// Each rank's adaptive transport, rank order.
+pub type RankTransports<P> = Vec<Arc<AdaptiveTransport<P>>>;
+
+/// The adaptive transports of a `size`-rank in-process job whose rank `r` has the ports
+/// `ports[r]` (simulated or devices): UD on every port (one route each), RC connections
+/// made on demand with one lane per port; with a fresh job key, which it returns too.
+pub fn adaptive_transports<P: Provider>(
+    ports: &[Vec<SharedPort<P>>],
+    size: u32,
+    peer_timeout: std::time::Duration,
+    settings: AdaptiveSettings,
+) -> Result<(RankTransports<P>, u64), VerbsError> {
+    if ports.len() != size as usize || ports.iter().any(Vec::is_empty) {
+        return Err(VerbsError::InvalidSetting(format!(
+            "{} ranks with ports for {size}, each needs at least one",
+            ports.len()
+        )));
+    }
+    let job_key = rankweave_core::rng::random_u64();
+    let mut carriers = Vec::with_capacity(ports.len());
+    let mut rcs = Vec::with_capacity(ports.len());
+    for (rank, rank_ports) in (0u32..).zip(ports) {
         let handles = rank_ports.iter().map(SharedPort::handle).collect();
         carriers.push(ud_carrier::UdCarrier::new(
             handles,
@@ -93,12 +121,7 @@ pub fn simulated_adaptive_transports(
             Arc::new(AdaptiveTransport::new(carrier, rc, link, settings))
         })
         .collect();
-    Ok(SimulatedTransports {
-        fabric,
-        transports,
-        ports: shared,
-        job_key,
-    })
+    Ok((transports, job_key))
 }
 
 /// The world communicators of an `n`-rank in-process job over the simulated fabric with
