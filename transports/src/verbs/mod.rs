@@ -24,6 +24,7 @@ pub mod connection_manager;
 pub mod credits;
 #[cfg(feature = "verbs")]
 pub mod device;
+pub mod device_event;
 pub mod device_job;
 pub mod env;
 

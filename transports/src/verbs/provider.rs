@@ -23,6 +23,7 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 
+use super::device_event::PortChange;
 use super::error::VerbsError;
 
 /// A queue pair number (24 bits in verbs).
@@ -310,4 +311,11 @@ pub trait Provider: Send + 'static {
 
     /// Detaches UD queue pair `qp` from the multicast group `group`.
     fn detach_multicast(&mut self, qp: QpNum, group: PortAddress) -> Result<(), VerbsError>;
+
+    /// The next change of the port's state the device reported (its asynchronous events, see
+    /// [`super::device_event`]); [`poll_ready`](Self::poll_ready) wakes the task when one may
+    /// be waiting. The default reports none.
+    fn poll_port_change(&mut self) -> Option<PortChange> {
+        None
+    }
 }

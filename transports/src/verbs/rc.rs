@@ -31,6 +31,7 @@ use rankweave_core::{Arrival, Capabilities, Transport, TransportError, Transport
 use rustc_hash::FxHashMap;
 
 use super::channel::{ChannelConfig, ChannelCounters, RcChannel, Transmit};
+use super::device_event::PortChange;
 use super::error::VerbsError;
 use super::message::StreamTag;
 use super::mr_cache::{MrCache, MrCacheCounters};
@@ -631,6 +632,16 @@ impl<P: Provider> State<P> {
         loop {
             let mut total = 0;
             for port in 0..self.ports.len() {
+                while let Some(change) = self.ports[port].provider.poll_port_change() {
+                    total += 1;
+                    if change == PortChange::Down {
+                        // The device said so: fail the lanes now rather than when their next
+                        // work request times out.
+                        for peer in 0..self.peers.len() as u32 {
+                            self.lane_failed(peer, port);
+                        }
+                    }
+                }
                 let mut batch = std::mem::take(&mut self.completions);
                 batch.clear();
                 total += self.ports[port].provider.poll_completions(&mut batch, 64)?;

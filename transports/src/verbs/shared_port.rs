@@ -16,6 +16,7 @@ use std::task::{Context, Poll, Wake, Waker};
 
 use rustc_hash::FxHashMap;
 
+use super::device_event::PortChange;
 use super::error::VerbsError;
 use super::provider::{
     AhId, Buffer, Completion, MemoryRegion, MrId, PortAddress, Provider, QpAddress, QpCaps, QpKind,
@@ -54,6 +55,8 @@ struct State<P> {
     queues: Vec<VecDeque<Completion>>,
     /// Which handle created each queue pair.
     owners: FxHashMap<QpNum, usize>,
+    /// Per handle: port changes not taken yet (every handle sees each).
+    changes: Vec<VecDeque<PortChange>>,
     scratch: Vec<Completion>,
 }
 
@@ -98,6 +101,7 @@ impl<P: Provider> SharedPort<P> {
                     provider,
                     queues: Vec::new(),
                     owners: FxHashMap::default(),
+                    changes: Vec::new(),
                     scratch: Vec::new(),
                 }),
                 wakers: Arc::new(FanOut::default()),
@@ -119,6 +123,7 @@ impl<P: Provider> SharedPort<P> {
         let index = {
             let mut s = self.lock();
             s.queues.push(VecDeque::new());
+            s.changes.push(VecDeque::new());
             s.queues.len() - 1
         };
         self.inner.wakers.lock().push(None);
@@ -203,6 +208,26 @@ impl<P: Provider> Provider for PortHandle<P> {
 
     fn post_send(&mut self, qp: QpNum, request: SendRequest) -> Result<(), VerbsError> {
         self.lock().provider.post_send(qp, request)
+    }
+
+    fn poll_port_change(&mut self) -> Option<PortChange> {
+        let woken = {
+            let mut guard = self.lock();
+            let s = &mut *guard;
+            let mut any = false;
+            while let Some(c) = s.provider.poll_port_change() {
+                any = true;
+                for q in &mut s.changes {
+                    q.push_back(c);
+                }
+            }
+            any
+        };
+        if woken {
+            // Every other handle has a change to take.
+            Wake::wake_by_ref(&self.port.inner.wakers);
+        }
+        self.lock().changes.get_mut(self.index)?.pop_front()
     }
 
     fn poll_completions(

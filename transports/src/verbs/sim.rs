@@ -36,6 +36,7 @@ use std::task::{Context, Poll, Waker};
 
 use rustc_hash::FxHashMap;
 
+use super::device_event::PortChange;
 use super::error::VerbsError;
 #[cfg(test)]
 use super::provider::RemoteSlice;
@@ -118,6 +119,7 @@ impl SimFabric {
             waker: None,
             ahs: Vec::new(),
             rdma_bytes: 0,
+            changes: VecDeque::new(),
         });
         SimProvider {
             fabric: self.clone(),
@@ -159,6 +161,13 @@ impl SimFabric {
     pub fn fail_port(&self, lid: u16) {
         let mut f = self.lock();
         let Some(port) = f.port_mut(lid) else { return };
+        if port.up {
+            // The device's asynchronous event (`IBV_EVENT_PORT_ERR`).
+            port.changes.push_back(PortChange::Down);
+            if let Some(w) = port.waker.take() {
+                w.wake();
+            }
+        }
         port.up = false;
         let qps: Vec<u32> = f
             .qps
@@ -210,6 +219,8 @@ struct Port {
     ahs: Vec<PortAddress>,
     /// Bytes moved by RDMA writes and reads that queue pairs of this port started.
     rdma_bytes: u64,
+    /// Port changes the "device" reported (its asynchronous events), not taken yet.
+    changes: VecDeque<PortChange>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -1016,7 +1027,7 @@ impl Provider for SimProvider {
         let Some(port) = f.port_mut(self.lid) else {
             return Poll::Ready(());
         };
-        if port.cq.is_empty() {
+        if port.cq.is_empty() && port.changes.is_empty() {
             port.waker = Some(cx.waker().clone());
             Poll::Pending
         } else {
@@ -1060,6 +1071,10 @@ impl Provider for SimProvider {
             members.retain(|&q| q != qp.0);
         }
         Ok(())
+    }
+
+    fn poll_port_change(&mut self) -> Option<PortChange> {
+        self.lock().port_mut(self.lid)?.changes.pop_front()
     }
 }
 
