@@ -393,6 +393,17 @@ impl<R, M> Matcher<R, M> {
         if self.posted.len() == 0 {
             return None;
         }
+        if self.posted_shapes[1..] == [0; LANES - 1] {
+            // Only fully specified receives are posted (the common case): the one list that
+            // can match is the key's own, and its front is the earliest of them.
+            let exact = Selector {
+                context: key.context,
+                source: Some(key.source),
+                tag: Some(key.tag),
+            };
+            let slot = self.posted.front(0, &exact)?;
+            return Some(self.remove_posted(slot));
+        }
         let (_, slot) = key
             .selectors()
             .iter()
