@@ -8,9 +8,15 @@
 //! [`RcChannel::buffer_ready`]) and [`RcChannel::poll_frame`] (frames that are complete). It
 //! never touches the provider.
 //!
-//! A frame whose message does not fit a receive buffer goes by rendezvous: an Rts goes in its
-//! place, the receiver answers with a Cts naming a registered buffer, and the sender writes
-//! the payload there with immediate data (the transfer id).
+//! A frame whose message does not fit a receive buffer goes by rendezvous. Below
+//! [`ChannelConfig::read_min`] payload bytes it is *sender-driven* (RDMA write): an Rts goes in
+//! its place, the receiver answers with a Cts naming a registered buffer, and the sender writes
+//! the payload there with immediate data (the transfer id). From `read_min` on it is
+//! *receiver-driven* (RDMA read): the driver registers the payload ([`RcChannel::poll_source`],
+//! [`RcChannel::source_ready`]), a ReadRts naming it (address, length, remote key) goes in the
+//! frame's place, the receiver registers a buffer, reads the payload into it
+//! ([`Transmit::Read`], [`RcChannel::on_read_done`]) and answers with a Fin, on which the
+//! sender releases the payload ([`RcChannel::poll_read_finished`]).
 //!
 //! One channel is one *lane* of a peer's connection (one queue pair on one port). Every frame
 //! carries its [`StreamTag`]; the channel hands frames out as soon as they are complete (a
@@ -23,7 +29,7 @@ use std::collections::VecDeque;
 
 use bytes::Bytes;
 use rankweave_core::frame::{Frame, Header};
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::credits::Credits;
 use super::message::{HEADER_LEN, Message, MessageError, StreamTag};
@@ -38,6 +44,9 @@ pub struct ChannelConfig {
     pub buffer_len: usize,
     /// The largest payload a peer may announce for a rendezvous transfer.
     pub max_transfer: u64,
+    /// Rendezvous frames with at least this many payload bytes go by RDMA read instead of
+    /// RDMA write (`usize::MAX`: never).
+    pub read_min: usize,
 }
 
 /// Something the channel wants sent.
@@ -63,6 +72,19 @@ pub enum Transmit {
         /// Where.
         remote: RemoteSlice,
     },
+    /// An RDMA read of `len` bytes from the peer's `remote` into the registered region
+    /// `region` (from its start); once it completes successfully, the driver calls
+    /// [`RcChannel::on_read_done`]. Needs neither a credit nor a send buffer.
+    Read {
+        /// The transfer id.
+        transfer: u32,
+        /// The local buffer registered for the transfer.
+        region: MrId,
+        /// Bytes to read.
+        len: u64,
+        /// Where to read from.
+        remote: RemoteSlice,
+    },
 }
 
 /// A peer broke the protocol.
@@ -71,7 +93,7 @@ pub enum ChannelError {
     /// A message that does not decode.
     #[error("malformed message: {0}")]
     Malformed(#[from] MessageError),
-    /// A Cts or write for a transfer that is not waiting for one.
+    /// A Cts, write, read or Fin for a transfer that is not waiting for one.
     #[error("unknown rendezvous transfer {0}")]
     UnknownTransfer(u32),
     /// An Rts announcing more than the receiver accepts.
@@ -104,6 +126,8 @@ struct Incoming {
     len: u64,
     /// The registered buffer, once the driver made it.
     region: Option<MrId>,
+    /// Read rendezvous: the sender's payload.
+    source: Option<RemoteSlice>,
 }
 
 /// Outgoing work that waits for credits.
@@ -115,6 +139,7 @@ enum Pending {
         rkey: u32,
     },
     LaneDown(u32),
+    Fin(u32),
     Write {
         tag: StreamTag,
         transfer: u32,
@@ -128,8 +153,12 @@ enum Pending {
 pub struct ChannelCounters {
     /// Frames sent eagerly.
     pub eager_sent: u64,
-    /// Frames sent by rendezvous.
+    /// Frames sent by rendezvous (either kind).
     pub rendezvous_sent: u64,
+    /// Of those, frames sent by RDMA-read rendezvous (the receiver read them).
+    pub read_rendezvous_sent: u64,
+    /// Payload bytes this side read by RDMA (read rendezvous as the receiver).
+    pub rdma_bytes_read: u64,
     /// Payload bytes written by RDMA.
     pub rdma_bytes_sent: u64,
     /// Credit-only messages sent.
@@ -151,6 +180,21 @@ pub struct RcChannel {
     control: VecDeque<Pending>,
     /// Rendezvous sends waiting for their Cts, by transfer id.
     awaiting_cts: FxHashMap<u32, (StreamTag, Bytes)>,
+    /// Read rendezvous payloads the driver must register: `(transfer, payload)`.
+    sources: VecDeque<(u32, Bytes)>,
+    /// Read rendezvous sends whose payload is not registered yet: their tag and header.
+    awaiting_source: FxHashMap<u32, (StreamTag, Header, u64)>,
+    /// ReadRts messages ready to go (sent under the same credit rules as frames).
+    announce: VecDeque<Message>,
+    /// Read rendezvous sends announced, waiting for the Fin: their tag and registered payload.
+    awaiting_fin: FxHashMap<u32, (StreamTag, MrId)>,
+    /// Read rendezvous sends the peer finished: their tag and payload region, for the driver.
+    read_finished: VecDeque<(StreamTag, MrId)>,
+    /// RDMA reads to post (receiver side of a read rendezvous).
+    reads: VecDeque<Transmit>,
+    /// Read rendezvous sends given up when the lane failed: a Fin for them that was already
+    /// on its way is ignored.
+    abandoned: FxHashSet<u32>,
     next_transfer: u32,
     /// Transfers to this side, by id.
     incoming: FxHashMap<u32, Incoming>,
@@ -182,6 +226,13 @@ impl RcChannel {
             frames: VecDeque::new(),
             control: VecDeque::new(),
             awaiting_cts: FxHashMap::default(),
+            sources: VecDeque::new(),
+            awaiting_source: FxHashMap::default(),
+            announce: VecDeque::new(),
+            awaiting_fin: FxHashMap::default(),
+            read_finished: VecDeque::new(),
+            reads: VecDeque::new(),
+            abandoned: FxHashSet::default(),
             next_transfer: 0,
             incoming: FxHashMap::default(),
             allocations: VecDeque::new(),
@@ -197,9 +248,78 @@ impl RcChannel {
         }
     }
 
-    /// Queues `frame`, whose place in the stream is `tag`, for the peer.
+    /// Queues `frame`, whose place in the stream is `tag`, for the peer. A frame for a read
+    /// rendezvous first waits for the driver to register its payload
+    /// ([`poll_source`](Self::poll_source)).
     pub fn send(&mut self, tag: StreamTag, frame: Frame) {
+        if Message::frame_len(&frame) > self.config.buffer_len
+            && frame.payload.len() >= self.config.read_min
+        {
+            let transfer = self.next_transfer;
+            self.next_transfer = self.next_transfer.wrapping_add(1);
+            let len = frame.payload.len() as u64;
+            self.awaiting_source
+                .insert(transfer, (tag, frame.header, len));
+            self.sources.push_back((transfer, frame.payload));
+            return;
+        }
         self.frames.push_back((tag, frame));
+    }
+
+    /// The next read rendezvous payload the driver must register for the peer to read:
+    /// `(transfer, payload)`; then [`source_ready`](Self::source_ready).
+    pub fn poll_source(&mut self) -> Option<(u32, Bytes)> {
+        self.sources.pop_front()
+    }
+
+    /// The driver registered `region` (readable by the peer) for the payload of `transfer`:
+    /// the ReadRts goes out. The region stays in use until the peer's Fin
+    /// ([`poll_read_finished`](Self::poll_read_finished)).
+    pub fn source_ready(&mut self, transfer: u32, region: &MemoryRegion) {
+        let Some((tag, header, len)) = self.awaiting_source.remove(&transfer) else {
+            return;
+        };
+        self.awaiting_fin.insert(transfer, (tag, region.id));
+        self.counters.rendezvous_sent += 1;
+        self.counters.read_rendezvous_sent += 1;
+        self.announce.push_back(Message::ReadRts {
+            tag,
+            transfer,
+            header,
+            len,
+            addr: region.addr,
+            rkey: region.rkey,
+        });
+    }
+
+    /// The next read rendezvous send the peer finished (its Fin came): the frame is delivered,
+    /// and the driver releases the payload's region.
+    pub fn poll_read_finished(&mut self) -> Option<(StreamTag, MrId)> {
+        self.read_finished.pop_front()
+    }
+
+    /// Takes every payload region of read rendezvous sends still waiting for a Fin (and drops
+    /// the sends not announced yet): for the driver to release when this lane has failed
+    /// (the stream sends those frames again on another lane).
+    pub fn take_read_sources(&mut self) -> Vec<MrId> {
+        self.sources.clear();
+        self.awaiting_source.clear();
+        self.announce.clear();
+        let mut regions = Vec::with_capacity(self.awaiting_fin.len());
+        for (transfer, (_, mr)) in self.awaiting_fin.drain() {
+            self.abandoned.insert(transfer);
+            regions.push(mr);
+        }
+        regions
+    }
+
+    /// The RDMA read of read rendezvous `transfer` failed (the lane fails with it): forgets
+    /// the transfer and returns its buffer, for the driver to deregister.
+    pub fn abandon_read(&mut self, transfer: u32) -> Option<MrId> {
+        match self.incoming.get(&transfer) {
+            Some(t) if t.source.is_some() => self.incoming.remove(&transfer)?.region,
+            _ => None,
+        }
     }
 
     /// Queues the BYE that tells the peer this side is closing and that its stream ends
@@ -211,7 +331,10 @@ impl RcChannel {
     /// The next thing to send, if credits allow; `send_buffer_free` says whether a send
     /// buffer is available for a [`Transmit::Message`] (writes need none).
     pub fn poll_transmit(&mut self, send_buffer_free: bool) -> Option<Transmit> {
-        if !self.control.is_empty() || !self.frames.is_empty() {
+        if let Some(read) = self.reads.pop_front() {
+            return Some(read);
+        }
+        if !self.control.is_empty() || !self.frames.is_empty() || !self.announce.is_empty() {
             if !self.credits.can_send_data() {
                 if !self.stalled {
                     self.stalled = true;
@@ -262,6 +385,13 @@ impl RcChannel {
             self.control.pop_front();
             return Some(self.encode(&m, None));
         }
+        if let Some(&Pending::Fin(transfer)) = self.control.front() {
+            self.control.pop_front();
+            return Some(self.encode(&Message::Fin { transfer }, None));
+        }
+        if let Some(m) = self.announce.pop_front() {
+            return Some(self.encode(&m, None));
+        }
         if let Some((tag, frame)) = self.frames.pop_front() {
             if Message::frame_len(&frame) <= self.config.buffer_len {
                 self.counters.eager_sent += 1;
@@ -281,6 +411,7 @@ impl RcChannel {
         }
         if let Some(end) = self.bye_queued
             && !self.bye_sent
+            && self.sources.is_empty()
             && self.credits.can_send_control()
         {
             self.bye_sent = true;
@@ -340,10 +471,42 @@ impl RcChannel {
                         header,
                         len,
                         region: None,
+                        source: None,
                     },
                 );
                 self.allocations.push_back((transfer, len));
             }
+            Message::ReadRts {
+                tag,
+                transfer,
+                header,
+                len,
+                addr,
+                rkey,
+            } => {
+                if len > self.config.max_transfer {
+                    return Err(ChannelError::TransferTooLarge {
+                        len,
+                        max: self.config.max_transfer,
+                    });
+                }
+                self.incoming.insert(
+                    transfer,
+                    Incoming {
+                        tag,
+                        header,
+                        len,
+                        region: None,
+                        source: Some(RemoteSlice { addr, rkey }),
+                    },
+                );
+                self.allocations.push_back((transfer, len));
+            }
+            Message::Fin { transfer } => match self.awaiting_fin.remove(&transfer) {
+                Some(done) => self.read_finished.push_back(done),
+                None if self.abandoned.remove(&transfer) => {}
+                None => return Err(ChannelError::UnknownTransfer(transfer)),
+            },
             Message::Cts {
                 transfer,
                 addr,
@@ -391,16 +554,42 @@ impl RcChannel {
         self.allocations.pop_front()
     }
 
-    /// The driver registered `region` for `transfer`: the Cts goes out.
+    /// The driver registered `region` for `transfer`: the Cts goes out (write rendezvous), or
+    /// the RDMA read is to be posted (read rendezvous).
     pub fn buffer_ready(&mut self, transfer: u32, region: &MemoryRegion) {
         if let Some(t) = self.incoming.get_mut(&transfer) {
             t.region = Some(region.id);
-            self.control.push_back(Pending::Cts {
-                transfer,
-                addr: region.addr,
-                rkey: region.rkey,
-            });
+            match t.source {
+                Some(remote) => {
+                    self.counters.rdma_bytes_read += t.len;
+                    self.reads.push_back(Transmit::Read {
+                        transfer,
+                        region: region.id,
+                        len: t.len,
+                        remote,
+                    });
+                }
+                None => self.control.push_back(Pending::Cts {
+                    transfer,
+                    addr: region.addr,
+                    rkey: region.rkey,
+                }),
+            }
         }
+    }
+
+    /// The RDMA read (the last piece) of read rendezvous `transfer` completed successfully:
+    /// queues the Fin and returns the region holding the payload, for the driver to
+    /// deregister and hand back with [`deliver_transfer`](Self::deliver_transfer).
+    pub fn on_read_done(&mut self, transfer: u32) -> Result<MrId, ChannelError> {
+        let region = self
+            .incoming
+            .get(&transfer)
+            .filter(|t| t.source.is_some())
+            .and_then(|t| t.region)
+            .ok_or(ChannelError::UnknownTransfer(transfer))?;
+        self.control.push_back(Pending::Fin(transfer));
+        Ok(region)
     }
 
     /// An RDMA write with immediate data `transfer` whose last piece was `len` bytes arrived (its receive
@@ -411,7 +600,7 @@ impl RcChannel {
         let t = self
             .incoming
             .get(&transfer)
-            .filter(|t| t.region.is_some())
+            .filter(|t| t.region.is_some() && t.source.is_none())
             .ok_or(ChannelError::UnknownTransfer(transfer))?;
         // The completion reports the last write's bytes: the payload may have gone in pieces.
         if len as u64 > t.len {
@@ -456,6 +645,10 @@ impl RcChannel {
         self.frames.is_empty()
             && self.control.is_empty()
             && self.awaiting_cts.is_empty()
+            && self.sources.is_empty()
+            && self.announce.is_empty()
+            && self.awaiting_fin.is_empty()
+            && self.reads.is_empty()
             && (self.bye_queued.is_none() || self.bye_sent)
     }
 
@@ -463,6 +656,8 @@ impl RcChannel {
     pub fn has_pending(&self) -> bool {
         !self.frames.is_empty()
             || !self.control.is_empty()
+            || !self.announce.is_empty()
+            || !self.reads.is_empty()
             || (self.bye_queued.is_some() && !self.bye_sent)
             || self.credits.update_due()
     }

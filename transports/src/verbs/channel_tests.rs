@@ -17,6 +17,7 @@ const CONFIG: ChannelConfig = ChannelConfig {
     window: 4,
     buffer_len: 256,
     max_transfer: 1 << 20,
+    read_min: usize::MAX,
 };
 
 fn frame(seq: u64, len: usize) -> Frame {
@@ -42,10 +43,22 @@ fn region(id: u64, len: u64) -> MemoryRegion {
     }
 }
 
+thread_local! {
+    /// The read rendezvous payloads registered by [`pump`], by remote key.
+    static SOURCES: std::cell::RefCell<std::collections::HashMap<u32, Bytes>> =
+        Default::default();
+}
+
 /// Moves everything `from` can transmit into `to`, registering buffers and delivering writes
 /// as a driver would; returns how many transmissions there were.
 fn pump(from: &mut RcChannel, to: &mut RcChannel, next_region: &mut u64) -> usize {
     let mut n = 0;
+    while let Some((transfer, payload)) = from.poll_source() {
+        *next_region += 1;
+        let r = region(*next_region, payload.len() as u64);
+        SOURCES.with(|s| s.borrow_mut().insert(r.rkey, payload));
+        from.source_ready(transfer, &r);
+    }
     while let Some(t) = from.poll_transmit(true) {
         n += 1;
         match t {
@@ -59,6 +72,20 @@ fn pump(from: &mut RcChannel, to: &mut RcChannel, next_region: &mut u64) -> usiz
                 let mr = to.on_write_done(transfer, payload.len()).unwrap();
                 assert_eq!(remote.rkey as u64, mr.0);
                 to.deliver_transfer(transfer, payload);
+            }
+            // `from` reads from `to`'s registered payload.
+            Transmit::Read {
+                transfer,
+                region,
+                len,
+                remote,
+            } => {
+                let payload = SOURCES
+                    .with(|s| s.borrow().get(&remote.rkey).cloned())
+                    .expect("a registered source");
+                assert_eq!(payload.len() as u64, len);
+                assert_eq!(from.on_read_done(transfer), Ok(region));
+                from.deliver_transfer(transfer, payload);
             }
         }
     }
@@ -127,6 +154,7 @@ fn transmissions_name_the_frame_they_deliver() {
                     b.on_write_done(transfer, payload.len()).unwrap();
                     b.deliver_transfer(transfer, payload);
                 }
+                Transmit::Read { .. } => unreachable!("reads are off in this configuration"),
             }
         }
         pump(&mut b, &mut a, &mut ids);
@@ -252,4 +280,64 @@ fn bye_comes_after_every_frame_and_finishes_the_peer() {
     assert_eq!(frames(&mut b), [0, 1]);
     assert_eq!(b.peer_end(), Some(2));
     assert!(a.is_idle());
+}
+
+/// From `read_min` on, a rendezvous frame goes by RDMA read: the sender registers the payload
+/// and announces it, the receiver reads it and answers with a Fin, which delivers the frame at
+/// the sender and releases the payload's region. Smaller rendezvous frames still go by write.
+#[test]
+fn read_rendezvous_is_chosen_from_the_threshold_and_ends_with_a_fin() {
+    let config = ChannelConfig {
+        read_min: 4000,
+        ..CONFIG
+    };
+    let (mut a, mut b) = (RcChannel::new(config), RcChannel::new(config));
+    let mut ids = 100;
+    send(&mut a, 0, 10);
+    send(&mut a, 1, 5000);
+    send(&mut a, 2, 3000);
+    send(&mut a, 3, 10);
+    // The read rendezvous frame waits for its registration.
+    assert!(!a.is_idle());
+    for _ in 0..10 {
+        pump(&mut a, &mut b, &mut ids);
+        pump(&mut b, &mut a, &mut ids);
+    }
+    let mut got = frames(&mut b);
+    got.sort_unstable();
+    assert_eq!(got, [0, 1, 2, 3]);
+    let finished: Vec<u64> = std::iter::from_fn(|| a.poll_read_finished())
+        .map(|(tag, _)| tag.seq)
+        .collect();
+    assert_eq!(finished, [1], "the Fin delivers the read frame");
+    let (ca, cb) = (a.counters(), b.counters());
+    assert_eq!((ca.rendezvous_sent, ca.read_rendezvous_sent), (2, 1));
+    assert_eq!(ca.rdma_bytes_sent, 3000, "the smaller one was written");
+    assert_eq!(cb.rdma_bytes_read, 5000);
+    assert!(a.is_idle() && b.is_idle());
+}
+
+/// A lane given up releases its announced payloads; a Fin for one of them that was already on
+/// its way is ignored, a Fin for a transfer never announced is a protocol error.
+#[test]
+fn abandoned_reads_release_their_payload_and_ignore_a_late_fin() {
+    let config = ChannelConfig {
+        read_min: 1000,
+        ..CONFIG
+    };
+    let (mut a, mut b) = (RcChannel::new(config), RcChannel::new(config));
+    let mut ids = 200;
+    send(&mut a, 0, 2000);
+    pump(&mut a, &mut b, &mut ids);
+    assert_eq!(a.take_read_sources(), [MrId(201)]);
+    assert!(a.is_idle());
+    // b reads and answers with a Fin.
+    pump(&mut b, &mut a, &mut ids);
+    assert_eq!(a.poll_read_finished(), None);
+    let mut fin = Vec::new();
+    Message::Fin { transfer: 9 }.encode(0, &mut fin);
+    assert_eq!(
+        a.on_message(Bytes::from(fin)),
+        Err(ChannelError::UnknownTransfer(9))
+    );
 }

@@ -11,6 +11,7 @@
 //! | `RANKWEAVE_VERBS_BUFFER` | RC buffer size, eager limit of a frame (≥ 256, e.g. `8k`) | 8 KiB |
 //! | `RANKWEAVE_VERBS_SEND_BUFFERS` | RC send buffers shared by all peers (≥ 1) | 128 |
 //! | `RANKWEAVE_VERBS_MR_CACHE` | idle registrations kept (size) | 256 MiB |
+//! | `RANKWEAVE_VERBS_READ_MIN` | rendezvous payloads from this size go by RDMA read (size, or `never`) | 4 MiB ([`DEFAULT_READ_MIN`](super::rc::DEFAULT_READ_MIN)) |
 //! | `RANKWEAVE_VERBS_UD_RECV_BUFFERS` | UD receive buffers per port (≥ 1) | 256 |
 //! | `RANKWEAVE_VERBS_UD_SEND_BUFFERS` | UD send buffers per port (≥ 1) | 64 |
 
@@ -81,6 +82,14 @@ impl AdaptiveSettings {
         if let Some(v) = get(CACHE) {
             self.rc.mr_cache_bytes = parse_size(CACHE, &v)?;
         }
+        const READ_MIN: &str = "RANKWEAVE_VERBS_READ_MIN";
+        if let Some(v) = get(READ_MIN) {
+            self.rc.read_min = if v.trim().eq_ignore_ascii_case("never") {
+                usize::MAX
+            } else {
+                parse_size(READ_MIN, &v)?
+            };
+        }
         const UD_RECV: &str = "RANKWEAVE_VERBS_UD_RECV_BUFFERS";
         if let Some(v) = get(UD_RECV) {
             self.ud.recv_buffers = number(UD_RECV, &v, 1, 1 << 20)? as u32;
@@ -127,6 +136,7 @@ mod tests {
             ("RANKWEAVE_VERBS_BUFFER", "16k"),
             ("RANKWEAVE_VERBS_SEND_BUFFERS", "9"),
             ("RANKWEAVE_VERBS_MR_CACHE", "1M"),
+            ("RANKWEAVE_VERBS_READ_MIN", "64k"),
             ("RANKWEAVE_VERBS_UD_RECV_BUFFERS", "100"),
             ("RANKWEAVE_VERBS_UD_SEND_BUFFERS", "10"),
         ]))
@@ -139,10 +149,14 @@ mod tests {
             (64, 16384, 9)
         );
         assert_eq!(s.rc.mr_cache_bytes, 1 << 20);
+        assert_eq!(s.rc.read_min, 64 << 10);
         assert_eq!((s.ud.recv_buffers, s.ud.send_buffers), (100, 10));
         s.apply_env(&env(&[("RANKWEAVE_VERBS_CONNECT_AFTER", "100")]))
             .unwrap();
         assert_eq!(s.connect_after, Some(100));
+        s.apply_env(&env(&[("RANKWEAVE_VERBS_READ_MIN", "never")]))
+            .unwrap();
+        assert_eq!(s.rc.read_min, usize::MAX);
         for (var, value) in [
             ("RANKWEAVE_VERBS_CONNECT_AFTER", "soon"),
             ("RANKWEAVE_VERBS_CM_TIMEOUT_MS", "0"),
@@ -152,6 +166,7 @@ mod tests {
             ("RANKWEAVE_VERBS_BUFFER", "2x"),
             ("RANKWEAVE_VERBS_SEND_BUFFERS", "0"),
             ("RANKWEAVE_VERBS_UD_RECV_BUFFERS", ""),
+            ("RANKWEAVE_VERBS_READ_MIN", "soon"),
         ] {
             let e = AdaptiveSettings::default()
                 .apply_env(&env(&[(var, value)]))

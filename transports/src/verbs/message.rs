@@ -5,9 +5,9 @@
 //! | Offset | Size | Field      | Meaning                                                     |
 //! |--------|------|------------|-------------------------------------------------------------|
 //! | 0      | 1    | `magic`    | `0xB7`                                                      |
-//! | 1      | 1    | `kind`     | `1` Frame, `2` Credit, `3` Rts, `4` Cts, `5` Bye, `6` LaneDown |
+//! | 1      | 1    | `kind`     | `1` Frame, `2` Credit, `3` Rts, `4` Cts, `5` Bye, `6` LaneDown, `7` ReadRts, `8` Fin |
 //! | 2      | 2    | `credits`  | `u16`: receive buffers the sender reposted for the receiver |
-//! | 4      | 4    | `transfer` | `u32`: rendezvous transfer id (Rts, Cts), lane (LaneDown); else 0 |
+//! | 4      | 4    | `transfer` | `u32`: rendezvous transfer id (Rts, Cts, ReadRts, Fin), lane (LaneDown); else 0 |
 //!
 //! and then, by kind:
 //!
@@ -24,6 +24,12 @@
 //!   the payload there with an RDMA write whose immediate data is the transfer id: the
 //!   receiver learns from that write's receive completion that the payload is in place (no
 //!   FIN message).
+//! * **ReadRts** (a frame sent by RDMA-read rendezvous): the [`StreamTag`], `u64` payload
+//!   length, `u64` address and `u32` remote key of the sender's registered payload, then the
+//!   frame's header in the wire format. The receiver registers a buffer, reads the payload
+//!   into it with RDMA reads, and answers with a Fin.
+//! * **Fin**: nothing (the transfer id names the ReadRts): the receiver has read the payload;
+//!   the sender may release its registration, and the frame counts as delivered.
 
 use bytes::Bytes;
 use rankweave_core::frame::{Frame, Header};
@@ -42,6 +48,8 @@ mod kind {
     pub(super) const CTS: u8 = 4;
     pub(super) const BYE: u8 = 5;
     pub(super) const LANE_DOWN: u8 = 6;
+    pub(super) const READ_RTS: u8 = 7;
+    pub(super) const FIN: u8 = 8;
 }
 
 /// Where a frame (or one part of a striped frame) belongs in the stream of all frames from
@@ -127,6 +135,27 @@ pub enum Message {
         /// The buffer's remote key.
         rkey: u32,
     },
+    /// A frame whose payload the receiver reads by RDMA read from the sender's registered
+    /// memory.
+    ReadRts {
+        /// Its place in the stream.
+        tag: StreamTag,
+        /// The transfer id.
+        transfer: u32,
+        /// The frame's header.
+        header: Header,
+        /// The payload's length.
+        len: u64,
+        /// The address of the payload's first byte in the sender's registered region.
+        addr: u64,
+        /// The region's remote key (read access).
+        rkey: u32,
+    },
+    /// The receiver has read the payload of a [`Message::ReadRts`].
+    Fin {
+        /// The transfer id.
+        transfer: u32,
+    },
     /// Lane `lane` of this connection failed at the sender: the receiver stops using it too.
     LaneDown {
         /// The lane.
@@ -206,6 +235,22 @@ impl Message {
                 out.extend_from_slice(&len.to_le_bytes());
                 wire::encode_header(header, *len as usize, out);
             }
+            Message::ReadRts {
+                tag,
+                transfer,
+                header,
+                len,
+                addr,
+                rkey,
+            } => {
+                put_header(out, kind::READ_RTS, credits, *transfer);
+                tag.encode(out);
+                out.extend_from_slice(&len.to_le_bytes());
+                out.extend_from_slice(&addr.to_le_bytes());
+                out.extend_from_slice(&rkey.to_le_bytes());
+                wire::encode_header(header, *len as usize, out);
+            }
+            Message::Fin { transfer } => put_header(out, kind::FIN, credits, *transfer),
             Message::Cts {
                 transfer,
                 addr,
@@ -272,6 +317,33 @@ impl Message {
                     len,
                 }
             }
+            kind::READ_RTS => {
+                let tag = StreamTag::decode(body)?;
+                let body = &body[StreamTag::LEN..];
+                let fields: [u8; 20] = body
+                    .get(..20)
+                    .and_then(|b| b.try_into().ok())
+                    .ok_or(MessageError::TooShort(buf.len()))?;
+                let len = u64::from_le_bytes(fields[..8].try_into().unwrap_or_default());
+                let addr = u64::from_le_bytes(fields[8..16].try_into().unwrap_or_default());
+                let rkey = u32::from_le_bytes(fields[16..].try_into().unwrap_or_default());
+                let (header, declared, _) = wire::decode_header(&body[20..])?;
+                if declared != len {
+                    return Err(MessageError::LengthMismatch {
+                        rts: len,
+                        header: declared,
+                    });
+                }
+                Message::ReadRts {
+                    tag,
+                    transfer,
+                    header,
+                    len,
+                    addr,
+                    rkey,
+                }
+            }
+            kind::FIN => Message::Fin { transfer },
             kind::CTS => {
                 let fields: [u8; 12] = body
                     .get(..12)
@@ -338,6 +410,19 @@ mod tests {
                 addr: 0xdead_beef_0000,
                 rkey: 0x1234,
             },
+            Message::ReadRts {
+                tag: StreamTag {
+                    seq: 12,
+                    part: 1,
+                    parts: 2,
+                },
+                transfer: 78,
+                header: Header::Eager(envelope(1 << 25)),
+                len: 1 << 25,
+                addr: 0x7f00_1234_5000,
+                rkey: 0xabcd,
+            },
+            Message::Fin { transfer: 78 },
         ];
         for (i, m) in messages.iter().enumerate() {
             let mut buf = Vec::new();
@@ -392,6 +477,27 @@ mod tests {
         );
         assert!(matches!(
             Message::decode(Bytes::from(rts)),
+            Err(MessageError::LengthMismatch { .. })
+        ));
+        let mut read = Vec::new();
+        Message::ReadRts {
+            tag: StreamTag::whole(0),
+            transfer: 1,
+            header: Header::Eager(envelope(100)),
+            len: 100,
+            addr: 1 << 40,
+            rkey: 9,
+        }
+        .encode(0, &mut read);
+        for cut in 0..read.len() {
+            assert!(
+                Message::decode(Bytes::copy_from_slice(&read[..cut])).is_err(),
+                "cut at {cut}"
+            );
+        }
+        read[HEADER_LEN + StreamTag::LEN] ^= 1;
+        assert!(matches!(
+            Message::decode(Bytes::from(read)),
             Err(MessageError::LengthMismatch { .. })
         ));
     }

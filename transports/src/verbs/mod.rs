@@ -48,7 +48,9 @@ pub use adaptive::{AdaptiveSettings, AdaptiveTransport};
 pub use device_job::{device_world, device_world_with};
 pub use error::VerbsError;
 pub use provider::Provider;
-pub use rc::{RcAddress, RcSettings, RcTransport, connect_job, connect_job_ports};
+pub use rc::{
+    DEFAULT_READ_MIN, RcAddress, RcSettings, RcTransport, connect_job, connect_job_ports,
+};
 pub use shared_port::{PortHandle, SharedPort};
 pub use sim::{SimFabric, SimProvider};
 pub use sim_job::{

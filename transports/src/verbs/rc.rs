@@ -11,7 +11,8 @@
 //! restores the order at the receiver. The driver posts what the channels produce, turns
 //! completions back into channel and stream events, registers the buffers of incoming
 //! rendezvous transfers (and deregisters them to hand their bytes over without a copy), and
-//! registers outgoing payloads through the [`MrCache`] of the lane's port.
+//! registers outgoing payloads through the [`MrCache`] of the lane's port: for an RDMA write,
+//! or, from [`RcSettings::read_min`] on, for the peer to read (released on the peer's Fin).
 //!
 //! A queue pair that fails (its port or the peer's is down, retries ran out) takes its lane
 //! out: the stream re-sends on the surviving lanes every frame the lane had not delivered,
@@ -55,10 +56,14 @@ pub struct RcSettings {
     pub max_transfer: u64,
     /// Bytes of idle registrations each port's memory-registration cache keeps.
     pub mr_cache_bytes: usize,
-    /// The largest single RDMA write (larger payloads are written in pieces).
+    /// The largest single RDMA write or read (larger payloads move in pieces).
     pub max_write: usize,
     /// Frames with at least this many payload bytes are striped across the live lanes.
     pub stripe_min: usize,
+    /// Rendezvous frames (or striped parts) with at least this many payload bytes go by RDMA
+    /// read (receiver-driven) instead of RDMA write; `usize::MAX` never. See
+    /// [`DEFAULT_READ_MIN`] for the reasoning behind the default.
+    pub read_min: usize,
     /// How long a closed rank waits for its last sends to complete.
     pub linger: Duration,
 }
@@ -73,10 +78,36 @@ impl Default for RcSettings {
             mr_cache_bytes: 256 << 20,
             max_write: 1 << 30,
             stripe_min: 1 << 20,
+            read_min: DEFAULT_READ_MIN,
             linger: Duration::from_secs(5),
         }
     }
 }
+
+/// The default [`RcSettings::read_min`]: 4 MiB.
+///
+/// Both rendezvous protocols put the payload at the receiver after the same wire time (Rts,
+/// then Cts and write, or read request and response: about 1.5 round trips), so the choice is
+/// about who must act and what it costs:
+///
+/// * **RDMA read** avoids the Cts round trip *through the sender's progress engine*: once the
+///   ReadRts is out, the sender need not poll again for the data to move, so a sender busy
+///   computing does not delay a large transfer, and the receiver pulls when its buffer is
+///   ready. It costs a completion message (Fin) the sender must see before it may release the
+///   payload (half a round trip later than a write's completion), one more credit-consuming
+///   message, and outstanding reads per queue pair are limited by the device (`max_rd_atomic`,
+///   often 16), so small reads pipeline worse than writes.
+/// * **RDMA write with immediate data** avoids the completion message: the write's own
+///   completion tells both sides, so it is the cheaper protocol whenever the sender is
+///   progressing anyway, which is the common case for medium frames.
+///
+/// For frames of several MiB the transfer time dwarfs the Fin's half round trip and the extra
+/// message, while decoupling from the sender's progress matters most, so reads win there (MPI
+/// libraries over verbs make the same choice: UCX's `get_zcopy` rendezvous, Open MPI's RDMA
+/// get). 4 MiB leaves medium frames (up to the stripe size of striped frames below 8 MiB) on
+/// the write path. The figure is a reasoned default, not a measurement: nothing here has run on
+/// hardware; `RANKWEAVE_VERBS_READ_MIN` overrides it.
+pub const DEFAULT_READ_MIN: usize = 4 << 20;
 
 impl RcSettings {
     /// Checks the bounds documented on the fields.
@@ -210,6 +241,8 @@ mod wr {
     pub(super) const SEND: u64 = 2;
     pub(super) const WRITE_LAST: u64 = 3;
     pub(super) const WRITE_PIECE: u64 = 4;
+    pub(super) const READ_LAST: u64 = 5;
+    pub(super) const READ_PIECE: u64 = 6;
 
     pub(super) fn id(kind: u64, peer: u32, index: u32) -> u64 {
         (kind << 56) | (u64::from(peer & 0x00FF_FFFF) << 32) | u64::from(index)
@@ -287,6 +320,9 @@ struct Port<P> {
     /// Outstanding final RDMA writes: their cached source region and the frame they deliver.
     writes: FxHashMap<u32, (MrId, u32, StreamTag)>,
     next_write: u32,
+    /// Outstanding final RDMA reads (read rendezvous as the receiver): their peer and transfer.
+    reads: FxHashMap<u32, (u32, u32)>,
+    next_read: u32,
     by_qp: FxHashMap<QpNum, u32>,
 }
 
@@ -387,6 +423,8 @@ impl<P: Provider> RcTransport<P> {
                 let pc = l.channel.counters();
                 c.channels.eager_sent += pc.eager_sent;
                 c.channels.rendezvous_sent += pc.rendezvous_sent;
+                c.channels.read_rendezvous_sent += pc.read_rendezvous_sent;
+                c.channels.rdma_bytes_read += pc.rdma_bytes_read;
                 c.channels.rdma_bytes_sent += pc.rdma_bytes_sent;
                 c.channels.credit_updates_sent += pc.credit_updates_sent;
                 c.channels.credit_stalls += pc.credit_stalls;
@@ -496,6 +534,8 @@ impl<P: Provider> State<P> {
                 cache: MrCache::new(settings.mr_cache_bytes),
                 writes: FxHashMap::default(),
                 next_write: 0,
+                reads: FxHashMap::default(),
+                next_read: 0,
                 by_qp: FxHashMap::default(),
             });
         }
@@ -573,6 +613,7 @@ impl<P: Provider> State<P> {
                     window: settings.window,
                     buffer_len: len,
                     max_transfer: settings.max_transfer,
+                    read_min: settings.read_min,
                 }),
                 recv_region,
                 failed: false,
@@ -696,6 +737,15 @@ impl<P: Provider> State<P> {
             {
                 pt.cache.release(mr);
             }
+            if kind == wr::READ_LAST
+                && let Some((peer, transfer)) = pt.reads.remove(&index)
+                && let Some(Some(p)) = self.peers.get_mut(peer as usize)
+                && let Some(l) = p.lanes.get_mut(port)
+                && let Some(mr) = l.channel.abandon_read(transfer)
+            {
+                // The lane fails below; the sender sends the frame again on another lane.
+                let _ = self.ports[port].provider.deregister(mr);
+            }
             if let Some(&peer) = self.ports[port].by_qp.get(&c.qpn) {
                 self.lane_failed(peer, port);
             }
@@ -729,6 +779,15 @@ impl<P: Provider> State<P> {
                 }
                 if let Some((_, peer, tag)) = done {
                     self.delivered(peer, tag);
+                }
+            }
+            wr::READ_LAST => {
+                if let Some((peer, transfer)) = self.ports[port].reads.remove(&index)
+                    && let Err(e) = self.on_read_done(port, peer, transfer)
+                {
+                    tracing::warn!(peer, error = %e, "verbs: read rendezvous failed");
+                    self.counters.protocol_errors += 1;
+                    self.peer_failed(peer);
                 }
             }
             _ => {}
@@ -801,6 +860,50 @@ impl<P: Provider> State<P> {
         Ok(())
     }
 
+    /// The RDMA read of read rendezvous `transfer` from `peer` on lane `lane` completed: the
+    /// payload is in place; hand it over without a copy (the channel queues the Fin).
+    fn on_read_done(&mut self, lane: usize, peer: u32, transfer: u32) -> Result<(), VerbsError> {
+        let Some(Some(p)) = self.peers.get_mut(peer as usize) else {
+            return Ok(());
+        };
+        let Some(l) = p.lanes.get_mut(lane) else {
+            return Ok(());
+        };
+        let mr = l
+            .channel
+            .on_read_done(transfer)
+            .map_err(|e| VerbsError::InvalidRequest(format!("rank {peer}: {e}")))?;
+        match self.ports[lane].provider.deregister(mr)? {
+            Buffer::Owned(v) => l.channel.deliver_transfer(transfer, Bytes::from(v)),
+            Buffer::Shared(_) => {
+                return Err(VerbsError::BadAccess(
+                    "a transfer buffer came back read-only".into(),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Read rendezvous sends of `p` that the peer finished (Fin) are delivered and their
+    /// payloads released; those of failed lanes are released (the stream sends them again).
+    fn finish_reads(&mut self, p: &mut Peer) {
+        for (lane, l) in p.lanes.iter_mut().enumerate() {
+            let port = &mut self.ports[lane];
+            while let Some((tag, mr)) = l.channel.poll_read_finished() {
+                port.cache.release(mr);
+                p.stream.on_delivered(tag);
+            }
+            if l.failed {
+                for mr in l.channel.take_read_sources() {
+                    port.cache.release(mr);
+                }
+            }
+            for id in port.cache.evict() {
+                let _ = port.provider.deregister(id);
+            }
+        }
+    }
+
     /// Hands the peer's queued frames to its lanes, registers buffers for its incoming
     /// transfers, posts what its channels have to send, and moves its frames (in stream
     /// order) and its loss to the arrivals.
@@ -808,6 +911,7 @@ impl<P: Provider> State<P> {
         let Some(mut p) = self.peers.get_mut(peer as usize).and_then(Option::take) else {
             return;
         };
+        self.finish_reads(&mut p);
         while !p.failed && p.connected {
             while let Some((lane, tag, frame)) = p.stream.poll_transmit() {
                 p.lanes[lane].channel.send(tag, frame);
@@ -871,6 +975,13 @@ impl<P: Provider> State<P> {
         let max_write = self.settings.max_write;
         let len = self.settings.buffer_len;
         let port = &mut self.ports[lane];
+        while let Some((transfer, payload)) = l.channel.poll_source() {
+            let provider = &mut port.provider;
+            let region = port
+                .cache
+                .acquire(&payload, |b| provider.register(Buffer::Shared(b)))?;
+            l.channel.source_ready(transfer, &region);
+        }
         while let Some((transfer, size)) = l.channel.poll_allocation() {
             let size = usize::try_from(size)
                 .map_err(|_| VerbsError::InvalidRequest(format!("transfer of {size} bytes")))?;
@@ -950,6 +1061,46 @@ impl<P: Provider> State<P> {
                         }
                     }
                 }
+                Transmit::Read {
+                    transfer,
+                    region,
+                    len,
+                    remote,
+                } => {
+                    let total = usize::try_from(len).map_err(|_| {
+                        VerbsError::InvalidRequest(format!("transfer of {len} bytes"))
+                    })?;
+                    let id = port.next_read;
+                    port.next_read = port.next_read.wrapping_add(1);
+                    port.reads.insert(id, (peer, transfer));
+                    let mut offset = 0;
+                    loop {
+                        let piece = (total - offset).min(max_write);
+                        let last = offset + piece == total;
+                        let kind = if last { wr::READ_LAST } else { wr::READ_PIECE };
+                        port.provider.post_send(
+                            l.qp,
+                            SendRequest {
+                                wr_id: wr::id(kind, peer, id),
+                                op: SendOp::Read {
+                                    remote: RemoteSlice {
+                                        addr: remote.addr + offset as u64,
+                                        rkey: remote.rkey,
+                                    },
+                                },
+                                local: Some(Sge {
+                                    mr: region,
+                                    offset,
+                                    len: piece,
+                                }),
+                            },
+                        )?;
+                        offset += piece;
+                        if last {
+                            break;
+                        }
+                    }
+                }
             }
         }
         Ok(())
@@ -968,7 +1119,10 @@ impl<P: Provider> State<P> {
             .ports
             .iter()
             .all(|p| p.free_send.len() == self.settings.send_buffers as usize);
-        let writes_done = self.ports.iter().all(|p| p.writes.is_empty());
+        let writes_done = self
+            .ports
+            .iter()
+            .all(|p| p.writes.is_empty() && p.reads.is_empty());
         let expired = self
             .closed_at
             .is_some_and(|t| t.elapsed() >= self.settings.linger);

@@ -12,8 +12,10 @@
 //!   completes with [`CompletionStatus::RnrRetryExceeded`] and the queue pair enters the error
 //!   state: the requests behind it and its posted receives complete as
 //!   [`CompletionStatus::Flushed`]. An RDMA write with immediate data places its bytes before
-//!   its receive completion is generated; a bad remote key, address or access right gives
-//!   [`CompletionStatus::RemoteAccessError`]; a message longer than the receive buffer gives
+//!   its receive completion is generated; an RDMA read places the peer's bytes in the local
+//!   buffer before its completion, and only shared (read-only) memory may be read remotely,
+//!   only owned memory written; a bad remote key, address or access right gives
+//!   [`CompletionStatus::RemoteAccessError`] and puts both queue pairs in the error state; a message longer than the receive buffer gives
 //!   [`CompletionStatus::LocalLengthError`] at the receiver (whose queue pair then fails) and
 //!   [`CompletionStatus::RemoteInvalidRequest`] at the sender.
 //! * **UD** is unreliable: a datagram longer than the MTU is refused when posted; one that
@@ -607,18 +609,16 @@ impl Fabric {
                 self.push_completion(remote.port.lid, c);
             }
             SendOp::Write { remote: at, imm } => {
-                let Some((key, offset)) =
-                    self.remote_target(remote.port.lid, at.addr, at.rkey, len)
-                else {
-                    return Attempt::Failed(CompletionStatus::RemoteAccessError);
+                let target = self
+                    .remote_target(remote.port.lid, at.addr, at.rkey, len)
+                    .filter(|(key, _)| {
+                        self.regions
+                            .get(key)
+                            .is_some_and(|r| matches!(r.buffer, Buffer::Owned(_)))
+                    });
+                let Some((key, offset)) = target else {
+                    return self.remote_access_error(remote.qpn.0);
                 };
-                if !self
-                    .regions
-                    .get(&key)
-                    .is_some_and(|r| matches!(r.buffer, Buffer::Owned(_)))
-                {
-                    return Attempt::Failed(CompletionStatus::RemoteAccessError);
-                }
                 let bytes = self.sge_bytes(request.local.as_ref());
                 self.write_sge(
                     &Sge {
@@ -652,10 +652,17 @@ impl Fabric {
                 }
             }
             SendOp::Read { remote: at } => {
-                let Some((key, offset)) =
-                    self.remote_target(remote.port.lid, at.addr, at.rkey, len)
-                else {
-                    return Attempt::Failed(CompletionStatus::RemoteAccessError);
+                // Only shared memory is registered for remote read (owned memory is
+                // registered for local and remote write, as the device provider does).
+                let target = self
+                    .remote_target(remote.port.lid, at.addr, at.rkey, len)
+                    .filter(|(key, _)| {
+                        self.regions
+                            .get(key)
+                            .is_some_and(|r| matches!(r.buffer, Buffer::Shared(_)))
+                    });
+                let Some((key, offset)) = target else {
+                    return self.remote_access_error(remote.qpn.0);
                 };
                 let bytes = self.sge_bytes(Some(&Sge {
                     mr: MrId(key),
@@ -678,6 +685,15 @@ impl Fabric {
             CompletionStatus::Success,
             kind,
         ))
+    }
+
+    /// An RDMA request broke the responder's memory protection (bad key, range or access
+    /// right): as on InfiniBand, the responder's queue pair `responder` enters the error
+    /// state too (its outstanding requests and receives are flushed), and the requester's
+    /// request completes with [`CompletionStatus::RemoteAccessError`].
+    fn remote_access_error(&mut self, responder: u32) -> Attempt {
+        self.fail_qp(responder, CompletionStatus::Flushed);
+        Attempt::Failed(CompletionStatus::RemoteAccessError)
     }
 
     /// Sends a UD datagram through the fault hooks to its destination(s).

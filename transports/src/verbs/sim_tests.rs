@@ -496,3 +496,60 @@ fn a_completion_wakes_the_registered_task() {
     assert!(flag.0.load(std::sync::atomic::Ordering::SeqCst));
     assert_eq!(t.b.poll_ready(&mut cx), Poll::Ready(()));
 }
+
+/// RDMA read: the peer's shared bytes land in the local buffer; reading owned memory (not
+/// registered for remote read), past a region's end or with a bad key is a remote access
+/// error that also takes the responder's queue pair down, as on InfiniBand.
+#[test]
+fn rdma_read_checks_keys_ranges_and_rights_and_fails_both_sides() {
+    fn read(t: &mut RcPair, remote: RemoteSlice, len: usize) -> CompletionStatus {
+        let request = SendRequest {
+            wr_id: 3,
+            op: SendOp::Read { remote },
+            local: Some(sge(&t.ma, 0, len)),
+        };
+        t.a.post_send(t.qa, request).unwrap();
+        poll(&mut t.a)[0].status
+    }
+    let mut t = rc_pair(CAPS);
+    let shared =
+        t.b.register(Buffer::Shared(Bytes::from_static(b"pull me, please")))
+            .unwrap();
+    let at = RemoteSlice {
+        addr: shared.addr + 5,
+        rkey: shared.rkey,
+    };
+    assert_eq!(read(&mut t, at, 2), CompletionStatus::Success);
+    assert_eq!(t.a.read_local(t.ma.id, 0, 2).unwrap(), b"me");
+    for bad in [
+        // Owned memory is registered for remote write only.
+        RemoteSlice {
+            addr: t.mb.addr,
+            rkey: t.mb.rkey,
+        },
+        // Past the end.
+        RemoteSlice {
+            addr: shared.addr + 10,
+            rkey: shared.rkey,
+        },
+        // Unknown key.
+        RemoteSlice {
+            addr: shared.addr,
+            rkey: shared.rkey + 1000,
+        },
+    ] {
+        let mut t = rc_pair(CAPS);
+        let _ =
+            t.b.register(Buffer::Shared(Bytes::from_static(b"pull me, please")));
+        t.b.post_recv(t.qb, 77, sge(&t.mb, 0, 8)).unwrap();
+        // (A fresh fabric hands out the same addresses and keys.)
+        assert_eq!(read(&mut t, bad, 8), CompletionStatus::RemoteAccessError);
+        // The responder's queue pair failed too: its posted receive is flushed.
+        let flushed = poll(&mut t.b);
+        assert_eq!(flushed.len(), 1, "{flushed:?}");
+        assert_eq!(
+            (flushed[0].wr_id, flushed[0].status),
+            (77, CompletionStatus::Flushed)
+        );
+    }
+}

@@ -10,8 +10,9 @@
 //! pair. Every part stays in the **replay queue** until the lane that carried it reports it
 //! delivered ([`PeerStream::on_delivered`]): for an eager frame, its send's successful
 //! completion; for a rendezvous, the successful completion of its RDMA write with immediate
-//! data. On RC either means the peer's adapter has placed the bytes and queued the receive
-//! completion, so nothing acknowledged can be lost by a later port failure.
+//! data, or for a read rendezvous the receiver's Fin (sent once its RDMA read completed). On
+//! RC each means the peer holds the bytes (or its adapter has placed them and queued the
+//! receive completion), so nothing acknowledged can be lost by a later port failure.
 //! [`PeerStream::lane_failed`] takes a lane out and queues every part it had not delivered
 //! again on the surviving lanes, ahead of newer frames.
 //!

@@ -180,11 +180,15 @@ fn both_directions_at_once_with_a_tiny_window_do_not_deadlock() {
     assert_eq!(fabric.counters().rnr_naks, 0);
 }
 
-/// A 64 MiB frame goes by rendezvous (RDMA write with immediate data) between eager frames and
-/// arrives intact and in its place.
+/// A 64 MiB frame goes by rendezvous (RDMA write with immediate data: reads are turned off)
+/// between eager frames and arrives intact and in its place.
 #[test]
 fn a_64_mib_rendezvous_arrives_intact_and_in_order() {
-    let (fabric, ranks) = job(2, RcSettings::default());
+    let settings = RcSettings {
+        read_min: usize::MAX,
+        ..RcSettings::default()
+    };
+    let (fabric, ranks) = job(2, settings);
     let big = Bytes::from(pattern(42, 64 << 20));
     ranks[0]
         .send(1, frame(0, Bytes::from_static(b"before")))
@@ -382,7 +386,11 @@ fn check_transfer(got: &[(u32, Frame)], from: u32, n: u64, big_at: u64, big_len:
 /// eager frames stay on the first.
 #[test]
 fn striping_moves_a_large_frame_over_both_ports() {
-    let (fabric, ranks, lids) = multi_port_job(2, 2, RcSettings::default());
+    let settings = RcSettings {
+        read_min: usize::MAX,
+        ..RcSettings::default()
+    };
+    let (fabric, ranks, lids) = multi_port_job(2, 2, settings);
     for seq in 0..20 {
         ranks[0].send(1, transfer_frame(seq, 10, 8 << 20)).unwrap();
     }
@@ -500,4 +508,227 @@ fn losing_every_port_makes_the_peer_lost() {
         "{out:?}"
     );
     assert_eq!(ranks[0].counters().stream.lane_failures, 2);
+}
+
+/// A 64 MiB frame goes by RDMA-read rendezvous (the default threshold): the receiver reads it
+/// (its port starts the RDMA, the sender's moves none), it arrives byte for byte between eager
+/// frames, and the Fin releases the sender's registration so the sender drains.
+#[test]
+fn a_64_mib_frame_by_rdma_read_arrives_intact_and_in_order() {
+    let (fabric, ranks) = job(2, RcSettings::default());
+    let big = Bytes::from(pattern(43, 64 << 20));
+    ranks[0]
+        .send(1, frame(0, Bytes::from_static(b"before")))
+        .unwrap();
+    ranks[0].send(1, frame(1, big.clone())).unwrap();
+    ranks[0]
+        .send(1, frame(2, Bytes::from_static(b"after")))
+        .unwrap();
+    let got = collect_frames(&ranks, 1, 3);
+    assert_eq!(&got[0].1.payload[..], b"before");
+    assert!(got[1].1.payload == big, "64 MiB differ");
+    assert_eq!(&got[2].1.payload[..], b"after");
+    let (sender, receiver) = (ranks[0].counters(), ranks[1].counters());
+    assert_eq!(sender.channels.rendezvous_sent, 1);
+    assert_eq!(sender.channels.read_rendezvous_sent, 1);
+    assert_eq!(sender.channels.rdma_bytes_sent, 0, "nothing written");
+    assert_eq!(receiver.channels.rdma_bytes_read, 64 << 20);
+    // Ports 1 and 2 are the ranks' ports: the reader's port moved the bytes.
+    assert_eq!(fabric.port_rdma_bytes(1), 0);
+    assert_eq!(fabric.port_rdma_bytes(2), 64 << 20);
+    // The Fin came back: nothing of the sender's is outstanding.
+    for _ in 0..10 {
+        ranks[1].progress().unwrap();
+        if ranks[0].is_drained() {
+            break;
+        }
+    }
+    assert!(ranks[0].is_drained(), "the sender still waits for the Fin");
+}
+
+/// A read larger than `max_write` goes in pieces; the last one completes the transfer.
+#[test]
+fn a_read_larger_than_one_request_goes_in_pieces() {
+    let settings = RcSettings {
+        max_write: 1000,
+        read_min: 9000,
+        ..RcSettings::default()
+    };
+    let (_, ranks) = job(2, settings);
+    let big = Bytes::from(pattern(8, 10_500));
+    ranks[0].send(1, frame(0, big.clone())).unwrap();
+    let got = collect_frames(&ranks, 1, 1);
+    assert_eq!(got[0].1.payload, big);
+    assert_eq!(ranks[0].counters().channels.read_rendezvous_sent, 1);
+}
+
+/// `read_min` picks the protocol: rendezvous frames below it are written, from it on read;
+/// `usize::MAX` turns reads off. All arrive intact and in order either way.
+#[test]
+fn the_read_threshold_picks_the_rendezvous_protocol() {
+    let sizes = [32 << 10, (64 << 10) - 1, 64 << 10, 1 << 20, 100];
+    for (read_min, reads, read_bytes) in [
+        (64 << 10, 2, (64 << 10) + (1 << 20)),
+        (usize::MAX, 0, 0),
+        (0, 4, (32 << 10) + (64 << 10) - 1 + (64 << 10) + (1 << 20)),
+    ] {
+        let settings = RcSettings {
+            read_min,
+            ..RcSettings::default()
+        };
+        let (_, ranks) = job(2, settings);
+        let payloads: Vec<Bytes> = sizes
+            .iter()
+            .zip(0..)
+            .map(|(&len, seed)| Bytes::from(pattern(seed, len)))
+            .collect();
+        for (seq, p) in payloads.iter().enumerate() {
+            ranks[0].send(1, frame(seq as u64, p.clone())).unwrap();
+        }
+        let got = collect_frames(&ranks, 1, sizes.len());
+        for (g, p) in got.iter().zip(&payloads) {
+            assert!(g.1.payload == *p, "read_min {read_min}: a frame differs");
+        }
+        let c = ranks[0].counters().channels;
+        assert_eq!(c.eager_sent, 1, "the 100-byte frame is eager");
+        assert_eq!(c.rendezvous_sent, 4);
+        assert_eq!(c.read_rendezvous_sent, reads, "read_min {read_min}");
+        let total: u64 = sizes[..4].iter().map(|&n| n as u64).sum();
+        assert_eq!(c.rdma_bytes_sent, total - read_bytes as u64);
+        assert_eq!(
+            ranks[1].counters().channels.rdma_bytes_read,
+            read_bytes as u64
+        );
+    }
+}
+
+/// A port fails while an 8 MiB frame goes by RDMA read on the first of two lanes (no
+/// striping):
+///
+/// * the sender's port, after its ReadRts went out: the read request fails;
+/// * the reader's port at the same moment: the read cannot be carried out;
+/// * the sender's port after the read completed while the reader's Fin waits for a credit
+///   (the reader used up its credits on eager frames first): the data arrived but the sender
+///   never hears so, replays the frame, and the reader drops the copy;
+/// * the sender's port after the Fin reached its completion queue: the frame counts as
+///   delivered and is not sent again.
+///
+/// Every time each frame arrives once, in order and intact, both ranks stop using the lane,
+/// and nothing of the sender's stays outstanding.
+#[test]
+fn a_port_failing_mid_read_still_delivers_exactly_once_in_order() {
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    enum When {
+        SenderPortBeforeRead,
+        ReaderPortBeforeRead,
+        SenderPortWhileFinWaits,
+        SenderPortAfterFin,
+    }
+    for when in [
+        When::SenderPortBeforeRead,
+        When::ReaderPortBeforeRead,
+        When::SenderPortWhileFinWaits,
+        When::SenderPortAfterFin,
+    ] {
+        let settings = RcSettings {
+            window: 4,
+            read_min: 64 << 10,
+            stripe_min: usize::MAX,
+            ..RcSettings::default()
+        };
+        let (fabric, ranks, lids) = multi_port_job(2, 2, settings);
+        let back: Vec<Frame> = (0..3)
+            .map(|seq| frame(seq, Bytes::from(pattern(seq + 10, 100))))
+            .collect();
+        if when == When::SenderPortWhileFinWaits {
+            // Rank 1 spends its data credits on lane 0 (rank 0 does not progress, so none
+            // come back): its Fin will have to wait.
+            for f in &back {
+                ranks[1].send(0, f.clone()).unwrap();
+            }
+        }
+        let big = Bytes::from(pattern(99, 8 << 20));
+        let frames = [
+            frame(0, Bytes::from_static(b"a")),
+            frame(1, big.clone()),
+            frame(2, Bytes::from_static(b"b")),
+        ];
+        for f in &frames {
+            ranks[0].send(1, f.clone()).unwrap();
+        }
+        match when {
+            When::SenderPortBeforeRead => fabric.fail_port(lids[0][0]),
+            When::ReaderPortBeforeRead => fabric.fail_port(lids[1][0]),
+            When::SenderPortWhileFinWaits | When::SenderPortAfterFin => {
+                // The reader reads and delivers; its Fin waits for a credit or goes out...
+                ranks[1].progress().unwrap();
+                assert_eq!(ranks[1].counters().channels.rdma_bytes_read, 8 << 20);
+                // ...and the sender's port fails before the sender looked.
+                fabric.fail_port(lids[0][0]);
+            }
+        }
+        let want_back = if when == When::SenderPortWhileFinWaits {
+            3
+        } else {
+            0
+        };
+        let mut got: [Vec<Frame>; 2] = [Vec::new(), Vec::new()];
+        let mut out = Vec::new();
+        for _ in 0..1000 {
+            for (me, t) in ranks.iter().enumerate() {
+                t.drain(&mut out).unwrap();
+                for a in out.drain(..) {
+                    match a {
+                        Arrival::Frame { from, frame } if from == 1 - me as u32 => {
+                            got[me].push(frame)
+                        }
+                        other => panic!("{when:?}: rank {me} got {other:?}"),
+                    }
+                }
+            }
+            if got[1].len() >= 3 && got[0].len() >= want_back && ranks[0].is_drained() {
+                break;
+            }
+        }
+        assert_eq!(got[1].len(), 3, "{when:?}: frames lost or duplicated");
+        for (g, want) in got[1].iter().zip(&frames) {
+            assert!(g == want, "{when:?}: out of order or damaged");
+        }
+        assert_eq!(got[0], back[..want_back], "{when:?}: rank 1's frames");
+        assert!(ranks[0].is_drained(), "{when:?}: the sender still waits");
+        for (me, t) in ranks.iter().enumerate() {
+            assert!(
+                !t.lane_up(1 - me as u32, 0),
+                "{when:?}: rank {me} uses lane 0"
+            );
+            assert!(
+                t.lane_up(1 - me as u32, 1),
+                "{when:?}: rank {me} lost lane 1"
+            );
+        }
+        let (sender, reader) = (ranks[0].counters(), ranks[1].counters());
+        let first_read = fabric.port_rdma_bytes(lids[1][0]);
+        let second_read = fabric.port_rdma_bytes(lids[1][1]);
+        match when {
+            When::SenderPortBeforeRead | When::ReaderPortBeforeRead => {
+                // The first read moved nothing; the replay was read over the other port.
+                assert_eq!((first_read, second_read), (0, 8 << 20), "{when:?}");
+                assert_eq!(sender.channels.read_rendezvous_sent, 2, "{when:?}");
+            }
+            When::SenderPortWhileFinWaits => {
+                // Read twice; the second copy was dropped.
+                assert_eq!((first_read, second_read), (8 << 20, 8 << 20));
+                assert_eq!(sender.channels.read_rendezvous_sent, 2);
+                assert!(
+                    reader.stream.duplicates >= 1,
+                    "the replayed copy is dropped"
+                );
+            }
+            When::SenderPortAfterFin => {
+                // The Fin came in: nothing read twice.
+                assert_eq!((first_read, second_read), (8 << 20, 0));
+                assert_eq!(sender.channels.read_rendezvous_sent, 1);
+            }
+        }
+    }
 }
