@@ -39,6 +39,7 @@ pub mod sim_job;
 pub mod stream;
 pub mod ud_carrier;
 pub mod ud_multicast;
+mod ud_queue;
 
 use std::sync::Arc;
 

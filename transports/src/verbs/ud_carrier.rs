@@ -24,10 +24,11 @@ use rustc_hash::FxHashMap;
 
 use super::error::VerbsError;
 use super::provider::{
-    AhId, Buffer, Completion, CompletionKind, CompletionStatus, MemoryRegion, Provider, QpAddress,
-    QpCaps, QpKind, QpNum, SendOp, SendRequest, Sge,
+    AhId, Completion, CompletionKind, CompletionStatus, MemoryRegion, Provider, QpAddress, QpNum,
+    SendOp, SendRequest, Sge,
 };
 use super::sim::GRH_LEN;
+use super::ud_queue::UdQueue;
 
 /// Settings of a [`UdCarrier`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -142,48 +143,22 @@ impl<P: Provider> UdCarrier<P> {
             if mtu < 64 {
                 return Err(VerbsError::InvalidSetting(format!("UD MTU of {mtu} bytes")));
             }
-            let qp = provider.create_qp(
-                QpKind::Ud,
-                QpCaps {
-                    max_send_wr: settings.send_buffers,
-                    max_recv_wr: settings.recv_buffers,
-                    rnr_retry: 0,
-                },
+            let q = UdQueue::open(
+                &mut provider,
+                settings.qkey,
+                settings.send_buffers,
+                settings.recv_buffers,
             )?;
-            let address = QpAddress {
-                port: provider.port(),
-                qpn: qp,
-            };
-            provider.connect(qp, address, settings.qkey)?;
-            let slot_len = mtu + GRH_LEN;
-            let recv_region =
-                provider.register(Buffer::Owned(vec![
-                    0;
-                    slot_len * settings.recv_buffers as usize
-                ]))?;
-            for slot in 0..settings.recv_buffers {
-                provider.post_recv(
-                    qp,
-                    u64::from(slot),
-                    Sge {
-                        mr: recv_region.id,
-                        offset: slot as usize * slot_len,
-                        len: slot_len,
-                    },
-                )?;
-            }
-            let send_region =
-                provider.register(Buffer::Owned(vec![0; mtu * settings.send_buffers as usize]))?;
             routes.push(Route {
                 provider,
-                qp,
-                address,
-                recv_region,
-                send_region,
+                qp: q.qp,
+                address: q.address,
+                recv_region: q.recv_region,
+                send_region: q.send_region,
                 free_send: (0..settings.send_buffers).rev().collect(),
                 peers: vec![None; size as usize],
-                slot_len,
-                mtu,
+                slot_len: q.slot_len,
+                mtu: q.mtu,
             });
         }
         let max_datagram = routes.iter().map(|r| r.mtu).min().unwrap_or(0) - 1;

@@ -28,11 +28,12 @@ use rankweave_core::{GroupId, MulticastFabric, MulticastGroup, TransportError};
 
 use super::error::VerbsError;
 use super::provider::{
-    AhId, Buffer, Completion, CompletionStatus, MULTICAST_QPN, MemoryRegion, PortAddress, Provider,
-    QpAddress, QpCaps, QpKind, QpNum, SendOp, SendRequest, Sge,
+    AhId, Completion, CompletionStatus, MULTICAST_QPN, MemoryRegion, PortAddress, Provider, QpNum,
+    SendOp, SendRequest, Sge,
 };
 use super::shared_port::{PortHandle, SharedPort};
 use super::sim::{FIRST_MULTICAST_LID, GRH_LEN};
+use super::ud_queue::UdQueue;
 
 /// Settings of [`UdMulticast`] groups.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -153,41 +154,15 @@ impl<P: Provider> UdMulticastGroup<P> {
                 settings.recv_buffers, settings.send_buffers
             )));
         }
-        let mtu = handle.ud_mtu();
         let address = group_address(group);
         let qkey = group_qkey(group);
-        let qp = handle.create_qp(
-            QpKind::Ud,
-            QpCaps {
-                max_send_wr: settings.send_buffers,
-                max_recv_wr: settings.recv_buffers,
-                rnr_retry: 0,
-            },
+        let q = UdQueue::open(
+            &mut handle,
+            qkey,
+            settings.send_buffers,
+            settings.recv_buffers,
         )?;
-        let me = QpAddress {
-            port: handle.port(),
-            qpn: qp,
-        };
-        handle.connect(qp, me, qkey)?;
-        let slot_len = mtu + GRH_LEN;
-        let recv_region =
-            handle.register(Buffer::Owned(vec![
-                0;
-                slot_len * settings.recv_buffers as usize
-            ]))?;
-        for slot in 0..settings.recv_buffers {
-            handle.post_recv(
-                qp,
-                u64::from(slot),
-                Sge {
-                    mr: recv_region.id,
-                    offset: slot as usize * slot_len,
-                    len: slot_len,
-                },
-            )?;
-        }
-        let send_region =
-            handle.register(Buffer::Owned(vec![0; mtu * settings.send_buffers as usize]))?;
+        let (qp, mtu) = (q.qp, q.mtu);
         let ah = handle.create_ah(address)?;
         // Attach last: every receive is posted before the first datagram can come.
         handle.attach_multicast(qp, address)?;
@@ -200,9 +175,9 @@ impl<P: Provider> UdMulticastGroup<P> {
                 ah,
                 qkey,
                 mtu,
-                slot_len,
-                recv_region,
-                send_region,
+                slot_len: q.slot_len,
+                recv_region: q.recv_region,
+                send_region: q.send_region,
                 free_send: (0..settings.send_buffers).rev().collect(),
                 received: VecDeque::new(),
                 completions: Vec::new(),
