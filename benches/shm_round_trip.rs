@@ -1,0 +1,111 @@
+//! The software cost of the shared-memory small-message path, made countable: two
+//! shared-memory ranks on one current-thread runtime ping-pong `SIZE`-byte messages, with both
+//! transports kept in busy-poll mode (no doorbell signal is ever sent), so every instruction
+//! executed inside [`round_trips`] is one rank's work on the path and none is waiting.
+//!
+//! ```text
+//! cargo bench --bench shm_round_trip -- 1 100000        # SIZE ITERATIONS [miss]
+//! bench/callgrind-shm 1                                  # instructions per round trip
+//! ```
+//!
+//! With `miss`, each receive is polled once before its message is sent, as a waiting rank's
+//! is: one failed check and one spin burst. Wall-clock time is printed too, but on a VM it
+//! drifts; callgrind's instruction count (`bench/callgrind-shm`) does not. The book's
+//! Performance chapter ("Counting the small-message path") has the method and the history.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use rankweave::{Communicator, Config};
+use rankweave_core::{ProgressPolicy, Transport};
+use rankweave_transports::shm::{LocalSegments, ShmTransport};
+
+/// Polls `r` once, expecting it to wait (its message is not sent yet).
+async fn poll_once_pending(r: &mut rankweave_core::RecvOp) {
+    std::future::poll_fn(|cx| {
+        assert!(
+            Pin::new(&mut *r).poll(cx).is_pending(),
+            "nothing was sent yet"
+        );
+        Poll::Ready(())
+    })
+    .await;
+}
+
+/// `n` round trips between ranks 0 and 1; kept out of line so callgrind can count it alone.
+#[inline(never)]
+async fn round_trips(c: &[Communicator], buf: &Bytes, n: usize, miss: bool) {
+    for _ in 0..n {
+        for (from, to) in [(0usize, 1usize), (1, 0)] {
+            let mut r = c[to].recv(from, 1u32);
+            if miss {
+                poll_once_pending(&mut r).await;
+            }
+            c[from].send(to, 1, buf.clone()).await.expect("send");
+            let m = r.await.expect("recv");
+            assert_eq!(m.len(), buf.len());
+        }
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    let number = |i: usize, default: usize| args.get(i).map_or(Ok(default), |a| a.parse());
+    let (Ok(size), Ok(n)) = (number(0, 1), number(1, 100_000)) else {
+        eprintln!("usage: shm_round_trip [SIZE [ITERATIONS [miss]]]");
+        std::process::exit(2);
+    };
+    let miss = args.get(2).is_some_and(|a| a == "miss");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        let mut config = Config::from_env().expect("RANKWEAVE_* settings");
+        config.progress = ProgressPolicy::Spin;
+        let segments = Arc::new(LocalSegments::default());
+        let transports: Vec<Arc<ShmTransport>> = (0..2u32)
+            .map(|rank| {
+                let t = ShmTransport::new(
+                    rank,
+                    2,
+                    config.shm,
+                    Duration::from_secs(5),
+                    segments.clone(),
+                )
+                .expect("shared-memory transport");
+                segments.publish(rank, t.address());
+                Arc::new(t)
+            })
+            .collect();
+        // As while a rank busy-polls: doorbells stay disarmed, nobody is signalled.
+        for t in &transports {
+            t.begin_busy_poll();
+        }
+        let comms: Vec<Communicator> = transports
+            .iter()
+            .enumerate()
+            .map(|(rank, t)| {
+                let t: Arc<dyn Transport> = t.clone();
+                Communicator::world(rank, 2, t, config.clone()).expect("communicator")
+            })
+            .collect();
+        let buf = Bytes::from(vec![b'a'; size]);
+        // Warm-up: connections, arenas, matching lists.
+        round_trips(&comms, &buf, 100, miss).await;
+        let start = Instant::now();
+        round_trips(&comms, &buf, n, miss).await;
+        let per = start.elapsed().as_nanos() as f64 / n as f64;
+        println!("size {size}: {per:.1} ns per round trip (both ranks' work, one thread)");
+        for t in &transports {
+            t.end_busy_poll();
+        }
+    });
+}
