@@ -457,25 +457,7 @@ impl RcChannel {
                 transfer,
                 header,
                 len,
-            } => {
-                if len > self.config.max_transfer {
-                    return Err(ChannelError::TransferTooLarge {
-                        len,
-                        max: self.config.max_transfer,
-                    });
-                }
-                self.incoming.insert(
-                    transfer,
-                    Incoming {
-                        tag,
-                        header,
-                        len,
-                        region: None,
-                        source: None,
-                    },
-                );
-                self.allocations.push_back((transfer, len));
-            }
+            } => self.announce(transfer, tag, header, len, None)?,
             Message::ReadRts {
                 tag,
                 transfer,
@@ -483,25 +465,7 @@ impl RcChannel {
                 len,
                 addr,
                 rkey,
-            } => {
-                if len > self.config.max_transfer {
-                    return Err(ChannelError::TransferTooLarge {
-                        len,
-                        max: self.config.max_transfer,
-                    });
-                }
-                self.incoming.insert(
-                    transfer,
-                    Incoming {
-                        tag,
-                        header,
-                        len,
-                        region: None,
-                        source: Some(RemoteSlice { addr, rkey }),
-                    },
-                );
-                self.allocations.push_back((transfer, len));
-            }
+            } => self.announce(transfer, tag, header, len, Some(RemoteSlice { addr, rkey }))?,
             Message::Fin { transfer } => match self.awaiting_fin.remove(&transfer) {
                 Some(done) => self.read_finished.push_back(done),
                 None if self.abandoned.remove(&transfer) => {}
@@ -528,6 +492,36 @@ impl RcChannel {
     }
 
     /// A receive buffer was consumed and reposted: one more credit is owed.
+    /// A rendezvous announced (`Rts`, or `ReadRts` with the sender's payload as `source`): ask
+    /// the driver for a buffer of `len` bytes.
+    fn announce(
+        &mut self,
+        transfer: u32,
+        tag: StreamTag,
+        header: Header,
+        len: u64,
+        source: Option<RemoteSlice>,
+    ) -> Result<(), ChannelError> {
+        if len > self.config.max_transfer {
+            return Err(ChannelError::TransferTooLarge {
+                len,
+                max: self.config.max_transfer,
+            });
+        }
+        self.incoming.insert(
+            transfer,
+            Incoming {
+                tag,
+                header,
+                len,
+                region: None,
+                source,
+            },
+        );
+        self.allocations.push_back((transfer, len));
+        Ok(())
+    }
+
     fn count_received(&mut self) -> Result<(), ChannelError> {
         self.received_total += 1;
         // The peer may send the window plus what was returned to it, never more.
