@@ -34,8 +34,9 @@ pub use rankweave_collectives as collectives;
 pub use rankweave_collectives::{CollectiveOp, Collectives, Op, ReduceOp, Reducible, UserOp};
 pub use rankweave_core as core;
 pub use rankweave_core::{
-    Communicator, Config, ConfigError, ContextId, Error, MAX_TAG, Message, Payload, ProbeOp,
-    ProgressPolicy, RecvIntoOp, RecvOp, Result, SendOp, Source, Stats, Status, Tag, TransportKind,
+    Communicator, Config, ConfigError, ContextId, Error, LONG_SPIN, MAX_TAG, Message, Payload,
+    ProbeOp, ProgressPolicy, RecvIntoOp, RecvOp, Result, SHORT_SPIN, SendOp, Source, Stats, Status,
+    Tag, TransportKind,
 };
 pub use rankweave_transports as transports;
 

@@ -1,6 +1,6 @@
 //! Multi-process jobs: the `ring` example under explicit configuration, `mpiexec.mpich`
 //! (PMI-1) and `mpirun.openmpi` (environment + rendezvous), a half-set environment, and a rank
-//! killed with SIGKILL in the middle of a job.
+//! killed with SIGKILL in the middle of a job; the spin window a job picks for its host.
 //!
 //! The failure test runs this test binary itself as the job's processes: with
 //! `RW_TEST_CHILD` set, the `child` test below plays one rank instead of being a no-op.
@@ -47,6 +47,54 @@ fn ring_under_rwrun() {
     cmd.args(["-n", "4", "--no-tag-output"])
         .arg(example("ring"));
     assert_ring_output(&run_with_deadline(cmd, Duration::from_secs(60)), 4);
+}
+
+/// `RANKWEAVE_SPIN_US=auto` (the default) resolves at start-up: the long window when every
+/// rank has a core, the short one when ranks outnumber the host's cores; an explicit value
+/// wins. `rw-bench` prints the window it runs with in its first line.
+#[test]
+fn spin_window_follows_the_cores() {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let window = |ranks: usize, spin: Option<&str>| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_rwrun"));
+        cmd.args(["-n", &ranks.to_string(), "--no-tag-output"])
+            .arg(env!("CARGO_BIN_EXE_rw-bench"))
+            .args(["barrier", "-i", "10", "-x", "1"])
+            .env_remove("RANKWEAVE_PROGRESS");
+        match spin {
+            Some(v) => cmd.env("RANKWEAVE_SPIN_US", v),
+            None => cmd.env_remove("RANKWEAVE_SPIN_US"),
+        };
+        let out = run_with_deadline(cmd, Duration::from_secs(60));
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "{out:?}");
+        let start = stdout
+            .find("spin-then-park (")
+            .expect("progress in the preamble")
+            + 16;
+        let us: u64 = stdout[start..]
+            .split(' ')
+            .next()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("spin window in {stdout}"));
+        us
+    };
+    let long = rankweave::LONG_SPIN.as_micros() as u64;
+    let short = rankweave::SHORT_SPIN.as_micros() as u64;
+    if cores >= 2 {
+        assert_eq!(window(2, None), long, "2 ranks on {cores} cores");
+    }
+    assert_eq!(
+        window(cores + 1, None),
+        short,
+        "{} ranks on {cores} cores",
+        cores + 1
+    );
+    assert_eq!(window(2, Some("7")), 7);
+    assert_eq!(
+        window(2, Some("auto")),
+        if cores >= 2 { long } else { short }
+    );
 }
 
 #[test]

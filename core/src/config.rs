@@ -125,9 +125,11 @@ pub struct Config {
     pub unexpected_limit: usize,
     /// `RANKWEAVE_PROGRESS`: how awaiting futures wait.
     pub progress: ProgressPolicy,
-    /// `RANKWEAVE_SPIN_US`: how long a future busy-polls before parking under
-    /// [`ProgressPolicy::SpinThenPark`].
-    pub spin: Duration,
+    /// `RANKWEAVE_SPIN_US` (whole microseconds or `auto`): how long a future busy-polls before
+    /// parking under [`ProgressPolicy::SpinThenPark`]. `None` (`auto`): [`LONG_SPIN`] in
+    /// multi-process jobs whose ranks each have a core of their own, [`SHORT_SPIN`] otherwise
+    /// (decided when a job starts; see [`spin_window`](Self::spin_window)).
+    pub spin: Option<Duration>,
     /// `RANKWEAVE_SPIN_YIELD` (`on`, `off` or `auto`): busy-polling futures give their core
     /// away (`sched_yield`) between polls instead of spinning on it, so ranks that outnumber
     /// the cores take turns within microseconds rather than whole scheduler time slices.
@@ -175,7 +177,7 @@ impl Default for Config {
             eager_limit: 64 * 1024,
             unexpected_limit: 64 * 1024 * 1024,
             progress: ProgressPolicy::SpinThenPark,
-            spin: Duration::from_micros(50),
+            spin: None,
             spin_yield: None,
             shm: ShmConfig::default(),
             max_frame: None,
@@ -190,7 +192,23 @@ impl Default for Config {
     }
 }
 
+/// The spin window when ranks may share cores (in-process worlds, oversubscribed jobs): long
+/// enough to catch the reply of a tight exchange, short enough that a rank waiting for a long
+/// time hands its core back soon.
+pub const SHORT_SPIN: Duration = Duration::from_micros(50);
+
+/// The spin window when every rank of the host has a core of its own: long enough to cover a
+/// peer's copy of a multi-megabyte message (4 MiB take ~0.4 ms here), so that a wait for it
+/// does not pay a wake-up (~35 µs here) on top.
+pub const LONG_SPIN: Duration = Duration::from_millis(1);
+
 impl Config {
+    /// How long a future busy-polls before parking under [`ProgressPolicy::SpinThenPark`]:
+    /// [`spin`](Self::spin), or [`SHORT_SPIN`] when it is `auto` and nobody decided.
+    pub fn spin_window(&self) -> Duration {
+        self.spin.unwrap_or(SHORT_SPIN)
+    }
+
     /// The defaults with every `RANKWEAVE_*` variable of the process environment applied.
     pub fn from_env() -> Result<Config, ConfigError> {
         Config::default().with_env(|name| std::env::var(name).ok())
@@ -215,12 +233,16 @@ impl Config {
             self.progress = parse_progress(&v)?;
         }
         if let Some(v) = get("RANKWEAVE_SPIN_US") {
-            let us = v.trim().parse::<u64>().map_err(|_| ConfigError {
-                variable: "RANKWEAVE_SPIN_US".into(),
-                value: v.clone(),
-                expected: "a whole number of microseconds".into(),
-            })?;
-            self.spin = Duration::from_micros(us);
+            self.spin = if v.trim().eq_ignore_ascii_case("auto") {
+                None
+            } else {
+                let us = v.trim().parse::<u64>().map_err(|_| ConfigError {
+                    variable: "RANKWEAVE_SPIN_US".into(),
+                    value: v.clone(),
+                    expected: "a whole number of microseconds, or auto".into(),
+                })?;
+                Some(Duration::from_micros(us))
+            };
         }
         if let Some(v) = get("RANKWEAVE_SPIN_YIELD") {
             self.spin_yield = parse_switch("RANKWEAVE_SPIN_YIELD", &v, true)?;
@@ -467,8 +489,22 @@ mod tests {
         assert_eq!(c.eager_limit, 8192);
         assert_eq!(c.unexpected_limit, 2 << 20);
         assert_eq!(c.progress, ProgressPolicy::Park);
-        assert_eq!(c.spin, Duration::from_micros(7));
+        assert_eq!(c.spin, Some(Duration::from_micros(7)));
         assert_eq!(c.max_frame, Some(9000));
+    }
+
+    #[test]
+    fn spin_window_is_auto_unless_given() {
+        assert_eq!(Config::default().spin, None);
+        assert_eq!(Config::default().spin_window(), SHORT_SPIN);
+        let given = Config::default()
+            .with_env(env(&[("RANKWEAVE_SPIN_US", "250")]))
+            .unwrap();
+        assert_eq!(given.spin_window(), Duration::from_micros(250));
+        let auto = given
+            .with_env(env(&[("RANKWEAVE_SPIN_US", "AUTO")]))
+            .unwrap();
+        assert_eq!(auto.spin, None);
     }
 
     #[test]

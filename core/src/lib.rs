@@ -33,7 +33,9 @@ pub mod wire;
 pub use carrier::{Carrier, Datagram};
 pub use chaos::ChaosSpec;
 pub use comm::{Communicator, ProbeOp, RecvIntoOp, RecvOp, SendOp};
-pub use config::{Config, ProgressPolicy, RouteSpec, ShmConfig, TransportKind};
+pub use config::{
+    Config, LONG_SPIN, ProgressPolicy, RouteSpec, SHORT_SPIN, ShmConfig, TransportKind,
+};
 pub use error::{ConfigError, Error, Result, TransportError};
 pub use multicast::{GroupId, MulticastConfig, MulticastFabric, MulticastGroup, MulticastSetup};
 pub use stats::{RouteCounters, ShmCounters, Stats, TransportStats};

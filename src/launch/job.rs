@@ -71,15 +71,20 @@ pub(crate) async fn join(mut config: Config, bootstrap: Bootstrap) -> Result<Com
             "RANKWEAVE_TRANSPORT=shm needs every rank on this host, but the launcher placed ranks on several hosts; use auto".into(),
         ));
     }
-    if config.spin_yield.is_none() {
-        // Ranks that outnumber the cores must take turns rather than spin out their slices.
-        // The host's cores, not this process's affinity mask: ranks pinned one per core
-        // (`rwrun --bind-to core`) see one core each but do not compete.
-        // SAFETY: sysconf has no preconditions.
-        let online = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
-        let cores = usize::try_from(online).unwrap_or(1).max(1);
-        config.spin_yield = Some(me.all_local && me.size as usize > cores);
-    }
+    // Ranks that outnumber the cores must take turns rather than spin out their slices, and
+    // hand their cores back soon; ranks with a core each may spin through a peer's long copy.
+    // The host's cores, not this process's affinity mask: ranks pinned one per core
+    // (`rwrun --bind-to core`) see one core each but do not compete.
+    // SAFETY: sysconf has no preconditions.
+    let online = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    let cores = usize::try_from(online).unwrap_or(1).max(1);
+    let oversubscribed = me.all_local && me.size as usize > cores;
+    config.spin_yield.get_or_insert(oversubscribed);
+    config.spin.get_or_insert(if oversubscribed {
+        rankweave_core::SHORT_SPIN
+    } else {
+        rankweave_core::LONG_SPIN
+    });
     // Shared memory needs no network at all when every rank is here. Faults are injected
     // beneath the reliability layer, so a chaos spec under `auto` means UDP for every peer.
     let auto_network = config.transport == TransportKind::Auto && config.chaos.is_some();

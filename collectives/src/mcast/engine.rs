@@ -263,7 +263,7 @@ impl BcastWait {
                 ProgressPolicy::Park => false,
                 ProgressPolicy::Spin => true,
                 ProgressPolicy::SpinThenPark => {
-                    self.since.get_or_insert_with(Instant::now).elapsed() < config.spin
+                    self.since.get_or_insert_with(Instant::now).elapsed() < config.spin_window()
                 }
             }
     }

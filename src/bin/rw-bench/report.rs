@@ -153,7 +153,7 @@ pub fn preamble(comm: &Communicator, opts: &Options) -> String {
         ProgressPolicy::SpinThenPark => format!(
             "progress {} ({} us)",
             progress_name(cfg.progress),
-            cfg.spin.as_micros()
+            cfg.spin_window().as_micros()
         ),
         p => format!("progress {}", progress_name(p)),
     };
