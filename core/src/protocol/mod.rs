@@ -284,7 +284,24 @@ impl Endpoint {
         s
     }
 
+    /// The state of peer `rank`: a load when it exists (every message after the first).
+    #[inline]
     fn peer(&mut self, rank: u32) -> &mut Peer {
+        let i = rank as usize;
+        if !matches!(self.peers.get(i), Some(Some(_))) {
+            self.first_contact(rank);
+        }
+        match self.peers.get_mut(i) {
+            Some(Some(p)) => p,
+            // first_contact created it.
+            _ => unreachable!("peer state of rank {rank} missing after first contact"),
+        }
+    }
+
+    /// [`peer`](Self::peer) on first contact: creates its state.
+    #[cold]
+    #[inline(never)]
+    fn first_contact(&mut self, rank: u32) {
         let i = rank as usize;
         if i >= self.peers.len() {
             self.peers.resize_with(i + 1, || None);
@@ -298,7 +315,7 @@ impl Endpoint {
                 owed: 0,
                 lost: false,
             })
-        })
+        });
     }
 
     fn is_lost(&self, rank: u32) -> bool {
