@@ -179,14 +179,15 @@ impl Driver {
             for a in arrivals.drain(..) {
                 st.endpoint.handle(a);
             }
-            self.flush(st, wake);
             // Look again only if something may have come meanwhile (for shared memory a few
-            // loads, where a drain takes locks and walks every ring).
+            // loads, where a drain takes locks and walks every ring). If not, what handling
+            // produced goes out with `run`'s flush after its closure.
             if !self.transport.may_have_arrivals() {
                 break;
             }
+            self.flush(st, wake);
         }
-        // `run` flushes once more after its closure: nothing is left queued.
+        // `run` flushes after its closure: nothing is left queued.
         st.arrivals = arrivals;
     }
 
