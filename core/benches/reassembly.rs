@@ -6,7 +6,9 @@
 //!
 //! * `whole`: the message in one fragment: kept as that `Bytes`, no copy (in-process path);
 //! * `64KiB_in_order`: 16 fragments of 64 KiB in order: one allocation, 16 copies;
-//! * `64KiB_reverse`: the same fragments last to first (received ranges merge to the right).
+//! * `64KiB_reverse`: the same fragments last to first (received ranges merge to the right);
+//! * `64KiB_in_order_fresh_buffer`: in order, each message with a pool of its own, so its
+//!   buffer is a fresh allocation (page faults and all), as before buffers were pooled.
 //!
 //! The fragments are prepared once (slices of one buffer); cloning them per iteration is a
 //! reference-count increment.
@@ -16,6 +18,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use std::sync::Arc;
+
+use rankweave_core::buffer_pool::BufferPool;
 use rankweave_core::protocol::Reassembler;
 
 const LEN: usize = 1 << 20;
@@ -29,8 +34,8 @@ fn fragments(data: &Bytes) -> Vec<(usize, Bytes)> {
         .collect()
 }
 
-fn assemble(fragments: &[(usize, Bytes)]) -> Bytes {
-    let mut r = Reassembler::new(LEN);
+fn assemble(pool: &Arc<BufferPool>, fragments: &[(usize, Bytes)]) -> Bytes {
+    let mut r = Reassembler::new(LEN, Arc::clone(pool));
     for (offset, fragment) in fragments {
         r.insert(*offset, fragment.clone()).expect("fragment fits");
     }
@@ -43,12 +48,13 @@ fn reassembly(c: &mut Criterion) {
     let in_order = fragments(&data);
     let reverse: Vec<_> = in_order.iter().rev().cloned().collect();
     let whole = [(0, data.clone())];
+    let pool = Arc::new(BufferPool::default());
     assert_eq!(in_order.len(), LEN / FRAGMENT);
     for case in [&whole[..], &in_order, &reverse] {
-        assert_eq!(assemble(case), data, "reassembled message differs");
+        assert_eq!(assemble(&pool, case), data, "reassembled message differs");
     }
     assert_eq!(
-        assemble(&whole).as_ptr(),
+        assemble(&pool, &whole).as_ptr(),
         data.as_ptr(),
         "whole message was copied"
     );
@@ -60,8 +66,11 @@ fn reassembly(c: &mut Criterion) {
         ("64KiB_in_order", &in_order),
         ("64KiB_reverse", &reverse),
     ] {
-        g.bench_function(name, |b| b.iter(|| assemble(black_box(case))));
+        g.bench_function(name, |b| b.iter(|| assemble(&pool, black_box(case))));
     }
+    g.bench_function("64KiB_in_order_fresh_buffer", |b| {
+        b.iter(|| assemble(&Arc::default(), black_box(&in_order)))
+    });
     g.finish();
 }
 

@@ -11,6 +11,7 @@
 
 #![warn(missing_docs)]
 
+pub mod buffer_pool;
 pub mod carrier;
 pub mod chaos;
 pub mod comm;

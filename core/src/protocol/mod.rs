@@ -26,9 +26,11 @@ mod reassembly;
 mod tests;
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use bytes::Bytes;
 
+use crate::buffer_pool::BufferPool;
 use crate::error::Error;
 use crate::frame::{Envelope, Frame, Header};
 use crate::matching::{
@@ -249,6 +251,9 @@ pub struct Endpoint {
     events: VecDeque<Event>,
     unexpected_bytes: usize,
     stats: Stats,
+    /// Where reassembled rendezvous messages get their buffers (reused once the application
+    /// drops them).
+    buffers: Arc<BufferPool>,
 }
 
 impl Endpoint {
@@ -267,6 +272,7 @@ impl Endpoint {
             events: VecDeque::new(),
             unexpected_bytes: 0,
             stats: Stats::default(),
+            buffers: Arc::default(),
         }
     }
 
@@ -851,7 +857,7 @@ impl Endpoint {
                         op.state = RecvState::Receiving {
                             key: u.key,
                             seq: u.seq,
-                            data: Reassembler::new(len),
+                            data: Reassembler::new(len, Arc::clone(&self.buffers)),
                         };
                     }
                     self.queue(

@@ -1,6 +1,10 @@
 //! Reassembly of a rendezvous message from data fragments that may arrive in any order.
 
+use std::sync::Arc;
+
 use bytes::Bytes;
+
+use crate::buffer_pool::BufferPool;
 
 /// Why a fragment was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -19,10 +23,17 @@ pub enum FragmentError {
 /// how in-process transfers stay zero-copy. Otherwise fragments are copied into place and the
 /// received ranges are tracked, so a duplicate or overlapping fragment is refused instead of
 /// silently corrupting the count.
+///
+/// The buffer comes from the rank's [`BufferPool`] and is never zeroed: fragments are written
+/// into its spare capacity, and its length is set once the tracked ranges cover every byte.
+/// A large message therefore costs one copy per byte, without the page faults and page
+/// clearing a fresh multi-megabyte allocation pays.
 #[derive(Debug)]
 pub struct Reassembler {
     len: usize,
     whole: Option<Bytes>,
+    pool: Arc<BufferPool>,
+    /// Empty, with capacity for `len` bytes; bytes in `ranges` of its spare capacity are written.
     buf: Option<Vec<u8>>,
     /// Received byte ranges, sorted and merged (usually a single range: fragments come in order).
     ranges: Vec<(usize, usize)>,
@@ -30,11 +41,12 @@ pub struct Reassembler {
 }
 
 impl Reassembler {
-    /// Prepares for a message of `len` bytes.
-    pub fn new(len: usize) -> Self {
+    /// Prepares for a message of `len` bytes, its buffer to come from `pool`.
+    pub fn new(len: usize, pool: Arc<BufferPool>) -> Self {
         Reassembler {
             len,
             whole: None,
+            pool,
             buf: None,
             ranges: Vec::new(),
             received: 0,
@@ -84,16 +96,21 @@ impl Reassembler {
         self.add_range(offset, end)?;
         if self.buf.is_none() {
             // Fallible: a forged length must fail this message, not abort the process.
-            let mut v = Vec::new();
-            v.try_reserve_exact(self.len)
-                .map_err(|_| FragmentError::NoMemory)?;
-            v.resize(self.len, 0);
-            self.buf = Some(v);
+            self.buf = Some(self.pool.take(self.len).ok_or(FragmentError::NoMemory)?);
         }
         let Some(buf) = self.buf.as_mut() else {
             return Err(FragmentError::NoMemory);
         };
-        buf[offset..end].copy_from_slice(&data);
+        let spare = &mut buf.spare_capacity_mut()[..self.len];
+        // SAFETY: `offset..end` lies within the `len` bytes of spare capacity (checked against
+        // `len` above), and a `u8` slice may be copied into `MaybeUninit<u8>` of the same length.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                data.as_ptr(),
+                spare[offset..end].as_mut_ptr().cast::<u8>(),
+                data.len(),
+            );
+        }
         self.received += data.len();
         Ok(())
     }
@@ -120,12 +137,18 @@ impl Reassembler {
         Ok(())
     }
 
-    /// The assembled message; call once [`is_complete`](Self::is_complete).
+    /// The assembled message; call once [`is_complete`](Self::is_complete) (before, the bytes
+    /// received so far are dropped and an empty message returned).
     pub fn finish(self) -> Bytes {
         match (self.whole, self.buf) {
             (Some(whole), _) => whole,
-            (None, Some(buf)) => Bytes::from(buf),
-            (None, None) => Bytes::new(),
+            (None, Some(mut buf)) if self.received == self.len => {
+                // SAFETY: the ranges are disjoint (overlaps are refused) and add up to `len`
+                // bytes within `0..len`, so every one of the first `len` bytes was written.
+                unsafe { buf.set_len(self.len) };
+                self.pool.freeze(buf)
+            }
+            _ => Bytes::new(),
         }
     }
 }
@@ -138,7 +161,7 @@ mod tests {
     fn single_fragment_is_zero_copy() {
         let data = Bytes::from(vec![7u8; 100]);
         let ptr = data.as_ptr();
-        let mut r = Reassembler::new(100);
+        let mut r = Reassembler::new(100, Arc::default());
         r.insert(0, data).unwrap();
         assert!(r.is_complete());
         assert_eq!(r.finish().as_ptr(), ptr);
@@ -147,7 +170,7 @@ mod tests {
     #[test]
     fn out_of_order_fragments_assemble() {
         let msg: Vec<u8> = (0..=255u8).cycle().take(1000).collect();
-        let mut r = Reassembler::new(1000);
+        let mut r = Reassembler::new(1000, Arc::default());
         for &(s, e) in &[(600, 1000), (0, 300), (300, 600)] {
             r.insert(s, Bytes::copy_from_slice(&msg[s..e])).unwrap();
         }
@@ -157,7 +180,7 @@ mod tests {
 
     #[test]
     fn bad_fragments_are_refused() {
-        let mut r = Reassembler::new(10);
+        let mut r = Reassembler::new(10, Arc::default());
         assert_eq!(
             r.insert(8, Bytes::from_static(b"abc")),
             Err(FragmentError::OutOfBounds)
@@ -178,8 +201,38 @@ mod tests {
     }
 
     #[test]
+    fn large_messages_reuse_the_buffer_of_a_dropped_one() {
+        let pool = Arc::new(BufferPool::default());
+        let len = 1 << 20;
+        let assemble = |fill: u8| {
+            let mut r = Reassembler::new(len, Arc::clone(&pool));
+            for start in (0..len).step_by(64 << 10).rev() {
+                let piece = vec![fill; (64 << 10).min(len - start)];
+                r.insert(start, Bytes::from(piece)).unwrap();
+            }
+            assert!(r.is_complete());
+            r.finish()
+        };
+        let first = assemble(1);
+        assert!(first.iter().all(|&b| b == 1));
+        let addr = first.as_ptr();
+        drop(first);
+        let second = assemble(2);
+        assert_eq!(second.as_ptr(), addr, "the first message's buffer, reused");
+        assert_eq!(second.len(), len);
+        assert!(
+            second.iter().all(|&b| b == 2),
+            "no byte of the first message left"
+        );
+        // An incomplete message gives nothing.
+        let mut r = Reassembler::new(len, Arc::clone(&pool));
+        r.insert(0, Bytes::from(vec![3u8; 10])).unwrap();
+        assert!(r.finish().is_empty());
+    }
+
+    #[test]
     fn empty_message_completes_on_its_empty_fragment() {
-        let mut r = Reassembler::new(0);
+        let mut r = Reassembler::new(0, Arc::default());
         assert!(!r.is_complete());
         r.insert(0, Bytes::new()).unwrap();
         assert!(r.is_complete());

@@ -210,6 +210,9 @@ pub struct Options {
     /// its completion instant and rank 0 also reports the median per-rank completion skew and
     /// the median time to the last rank's completion.
     pub skew: bool,
+    /// `--stats`: every rank prints its traffic counters (`Communicator::stats`) to standard
+    /// error when the benchmark ends: retransmissions, drops, per-route traffic.
+    pub stats: bool,
     /// Whether rank 0 prints as it goes (the binary does; tests do not).
     pub print: bool,
     /// How the ranks were started, for the first output line ("in-process", ...).
@@ -232,6 +235,7 @@ impl Options {
             window: DEFAULT_WINDOW,
             full: false,
             skew: false,
+            stats: false,
             print: true,
             launch: "in-process".into(),
         }
@@ -286,6 +290,7 @@ pub fn parse<S: AsRef<str>>(args: &[S]) -> Result<Command, BenchError> {
     let mut ranks = None;
     let mut full = false;
     let mut skew = false;
+    let mut stats = false;
     let mut help = false;
 
     let mut i = 0;
@@ -350,6 +355,10 @@ pub fn parse<S: AsRef<str>>(args: &[S]) -> Result<Command, BenchError> {
             "skew" => {
                 no_value(arg, attached)?;
                 skew = true;
+            }
+            "stats" => {
+                no_value(arg, attached)?;
+                stats = true;
             }
             "m" | "message-size" => {
                 let v = value_for(arg, attached)?;
@@ -472,6 +481,7 @@ pub fn parse<S: AsRef<str>>(args: &[S]) -> Result<Command, BenchError> {
         }
     }
     opts.skew = skew;
+    opts.stats = stats;
     if let Some(n) = ranks {
         check_ranks(bench, n)?;
     }
@@ -623,6 +633,9 @@ OPTIONS (OSU's, where they apply):
                                ranks), Last(us) = median of the last non-root
                                completion - t0. Instants are gathered after the
                                iterations, untimed. C baseline: rw_bcast_skew
+    --stats                    every rank prints its traffic counters (messages, bytes,
+                               retransmissions, drops, per-route traffic) to standard
+                               error at the end
     --ranks N                  in-process runs only: number of ranks (default 2; every
                                benchmark needs at least 2; latency, bw and bibw use
                                ranks 0 and 1 while the others only join the barriers)

@@ -48,6 +48,9 @@ pub async fn run(comm: Communicator, opts: Options) -> Result<Option<Report>> {
         Bench::Ring => exchange::ring(&comm, &opts, &mut out).await?,
         Bench::P2pBarrier => exchange::p2p_barrier(&comm, &opts, &mut out).await?,
     }
+    if opts.stats {
+        eprintln!("# rank {} counters: {:?}", comm.rank(), comm.stats());
+    }
     Ok(out.finish())
 }
 

@@ -16,10 +16,10 @@ use rankweave_core::{Arrival, wire};
 use std::sync::Arc;
 
 use super::cma;
-use super::pool::BufferPool;
 use super::record::{self, Record};
 use super::ring::{Popped, RingConsumer};
 use super::segment::Segment;
+use rankweave_core::buffer_pool::BufferPool;
 
 /// Bytes of each chunk small frames are copied into: small enough that a message the
 /// application keeps long does not keep much else alive with it.

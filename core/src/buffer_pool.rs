@@ -1,0 +1,166 @@
+//! Receive buffers for large messages, reused instead of freed.
+//!
+//! A large message lands in a fresh buffer of its size (a shared-memory single-copy read, a
+//! rendezvous message reassembled from fragments). Allocators hand
+//! buffers of a megabyte and more straight from the kernel (`mmap`) and give them back on free,
+//! so every such message would pay a page fault and a page clear per 4 KiB — more than the copy
+//! itself. The pool keeps buffers that the application has dropped (the `Bytes` it received
+//! owns a [`Pooled`] buffer that goes back here when the last reference goes) in power-of-two
+//! size classes, up to a bound, and hands them out again already faulted in. MPI libraries get
+//! the same effect from the application reusing its receive buffer.
+
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+
+/// Buffers smaller than this come from the allocator directly: they are cheap to get.
+pub const POOLED_FROM: usize = 64 * 1024;
+
+/// Bytes of buffers the pool keeps at most (beyond that, returned buffers are freed).
+const KEEP_BYTES: usize = 256 * 1024 * 1024;
+
+/// See the [module docs](self).
+#[derive(Debug, Default)]
+pub struct BufferPool {
+    inner: Mutex<Classes>,
+}
+
+#[derive(Debug, Default)]
+struct Classes {
+    /// `free[c]` holds buffers of capacity `2^c`.
+    free: Vec<Vec<Vec<u8>>>,
+    kept: usize,
+}
+
+impl BufferPool {
+    /// An empty buffer with room for at least `len` bytes, or `None` if that much memory
+    /// cannot be had.
+    pub fn take(self: &Arc<Self>, len: usize) -> Option<Vec<u8>> {
+        if len < POOLED_FROM {
+            let mut v = Vec::new();
+            return v.try_reserve_exact(len).ok().map(|()| v);
+        }
+        let class = len.checked_next_power_of_two()?.trailing_zeros() as usize;
+        {
+            let mut c = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(v) = c.free.get_mut(class).and_then(Vec::pop) {
+                c.kept -= v.capacity();
+                return Some(v);
+            }
+        }
+        let mut v = Vec::new();
+        v.try_reserve_exact(1usize << class).ok().map(|()| v)
+    }
+
+    /// Wraps a filled buffer as `Bytes` that returns it to the pool when dropped.
+    pub fn freeze(self: &Arc<Self>, buf: Vec<u8>) -> Bytes {
+        if buf.capacity() < POOLED_FROM || !buf.capacity().is_power_of_two() {
+            return Bytes::from(buf);
+        }
+        Bytes::from_owner(Pooled {
+            buf,
+            pool: Arc::clone(self),
+        })
+    }
+
+    fn give_back(&self, mut buf: Vec<u8>) {
+        let cap = buf.capacity();
+        let class = cap.trailing_zeros() as usize;
+        if cap > KEEP_BYTES {
+            return;
+        }
+        let mut c = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        if c.free.len() <= class {
+            c.free.resize_with(class + 1, Vec::new);
+        }
+        // Over the bound: make room by freeing buffers of other sizes (the application has
+        // moved on to this one), else drop this one.
+        while c.kept + cap > KEEP_BYTES {
+            let Some(other) = (0..c.free.len())
+                .filter(|&k| k != class && !c.free[k].is_empty())
+                .max_by_key(|&k| c.free[k].len() << k)
+            else {
+                return;
+            };
+            if let Some(v) = c.free[other].pop() {
+                c.kept -= v.capacity();
+            }
+        }
+        buf.clear();
+        c.kept += cap;
+        c.free[class].push(buf);
+    }
+
+    /// Bytes of buffers kept for reuse.
+    #[cfg(test)]
+    fn kept(&self) -> usize {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner()).kept
+    }
+}
+
+/// A pooled buffer owned by a `Bytes`; back to the pool on drop.
+struct Pooled {
+    buf: Vec<u8>,
+    pool: Arc<BufferPool>,
+}
+
+impl AsRef<[u8]> for Pooled {
+    fn as_ref(&self) -> &[u8] {
+        &self.buf
+    }
+}
+
+impl Drop for Pooled {
+    fn drop(&mut self) {
+        self.pool.give_back(std::mem::take(&mut self.buf));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn large_buffers_come_back_and_are_reused() {
+        let pool = Arc::new(BufferPool::default());
+        let mut v = pool.take(1_000_000).unwrap();
+        assert!(v.capacity() >= 1_000_000);
+        v.extend(std::iter::repeat_n(7u8, 1_000_000));
+        let addr = v.as_ptr();
+        let bytes = pool.freeze(v);
+        let slice = bytes.slice(10..20);
+        drop(bytes);
+        assert_eq!(pool.kept(), 0, "a slice still holds the buffer");
+        assert_eq!(&slice[..], &[7u8; 10]);
+        drop(slice);
+        assert_eq!(pool.kept(), 1 << 20);
+        let again = pool.take(600_000).unwrap();
+        assert_eq!(again.as_ptr(), addr, "the same buffer, reused");
+        assert!(again.is_empty());
+        assert_eq!(pool.kept(), 0);
+        // Over the bound, buffers of another size make room for the new one.
+        let mut many: Vec<Bytes> = (0..(KEEP_BYTES >> 20))
+            .map(|_| {
+                let mut v = pool.take(1 << 20).unwrap();
+                v.push(1);
+                pool.freeze(v)
+            })
+            .collect();
+        many.clear();
+        assert_eq!(pool.kept(), KEEP_BYTES);
+        let mut big = pool.take(4 << 20).unwrap();
+        big.push(1);
+        drop(pool.freeze(big));
+        assert_eq!(pool.kept(), KEEP_BYTES);
+        assert_eq!(
+            pool.inner.lock().unwrap().free[22].len(),
+            1,
+            "the 4 MiB buffer is kept"
+        );
+        // Small buffers are not pooled.
+        let kept = pool.kept();
+        let small = pool.take(100).unwrap();
+        drop(pool.freeze(small));
+        assert_eq!(pool.kept(), kept);
+    }
+}
