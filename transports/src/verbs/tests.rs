@@ -2,34 +2,11 @@
 //! and communicators on top.
 
 use bytes::Bytes;
-use rankweave_core::frame::{Envelope, Frame, Header};
-use rankweave_core::{Arrival, ContextId, Source, Tag, Transport};
+use rankweave_core::frame::{Frame, Header};
+use rankweave_core::{Arrival, Source, Tag, Transport};
 
+use super::test_support::{frame, pattern};
 use super::*;
-
-fn frame(seq: u64, payload: Bytes) -> Frame {
-    Frame {
-        header: Header::Eager(Envelope {
-            context: ContextId(1),
-            tag: 7,
-            seq,
-            len: payload.len() as u64,
-        }),
-        payload,
-    }
-}
-
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
 
 fn job(n: usize, settings: RcSettings) -> (SimFabric, Vec<RcTransport<SimProvider>>) {
     let fabric = SimFabric::default();
