@@ -709,3 +709,39 @@ fn a_port_failing_mid_read_still_delivers_exactly_once_in_order() {
         }
     }
 }
+
+/// A lane that fails while a write rendezvous waits for its data deregisters the receive
+/// buffer it had registered for it: the port's registrations return to what they were, and
+/// the frame arrives once over the other lane.
+#[test]
+fn a_failed_lane_deregisters_its_pending_write_rendezvous_buffers() {
+    let settings = RcSettings {
+        read_min: usize::MAX,
+        ..RcSettings::default()
+    };
+    let (fabric, ranks, lids) = multi_port_job(2, 2, settings);
+    let receiver_port = lids[1][0];
+    let before = fabric.registered_regions(receiver_port);
+    // 256 KiB: a write rendezvous (not striped) on the first lane.
+    let sent = frame(0, Bytes::from(pattern(0, 256 << 10)));
+    ranks[0].send(1, sent.clone()).unwrap();
+    // The receiver takes the Rts, registers a buffer and answers with a Cts; the sender does
+    // not run, so nothing is written into the buffer.
+    ranks[1].progress().unwrap();
+    assert_eq!(
+        fabric.registered_regions(receiver_port),
+        before + 1,
+        "the transfer's buffer is registered"
+    );
+    fabric.fail_port(receiver_port);
+    let got = collect_frames(&ranks, 1, 1);
+    assert_eq!(got.len(), 1);
+    assert!(got[0].1 == sent, "the frame, intact");
+    assert!(!ranks[1].lane_up(0, 0));
+    assert_eq!(
+        fabric.registered_regions(receiver_port),
+        before,
+        "the failed lane's transfer buffer is deregistered"
+    );
+    assert!(ranks[1].counters().stream.lane_failures >= 1);
+}
