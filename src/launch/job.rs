@@ -15,7 +15,9 @@
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
-use rankweave_core::{Communicator, Config, Error, Transport, TransportError, TransportKind};
+use rankweave_core::{
+    Communicator, Config, Error, MulticastSetup, Transport, TransportError, TransportKind,
+};
 use rankweave_transports::shm::{SegmentDirectory, ShmTransport};
 use rankweave_transports::split::SplitTransport;
 use rankweave_transports::udp::{self, UdpCarrier};
@@ -117,15 +119,7 @@ pub(crate) async fn join(mut config: Config, bootstrap: Bootstrap) -> Result<Com
         let local = local.ok_or_else(|| fail("no shared-memory transport".into()))?;
         let multicast =
             job_key.and_then(|key| rankweave_transports::ipmcast::setup(&config, me.rank, key));
-        let comm = Communicator::world_with_multicast(
-            me.rank as usize,
-            me.size as usize,
-            Arc::new(local),
-            config,
-            multicast,
-        )?;
-        *JOINED.lock().unwrap_or_else(|p| p.into_inner()) = Some(directory);
-        return Ok(comm);
+        return enter_world(&me, Arc::new(local), config, multicast, directory);
     }
 
     let mut settings =
@@ -157,6 +151,18 @@ pub(crate) async fn join(mut config: Config, bootstrap: Bootstrap) -> Result<Com
         None => network,
     };
     let multicast = rankweave_transports::ipmcast::setup(&config, me.rank, job_key);
+    enter_world(&me, transport, config, multicast, directory)
+}
+
+/// This rank's world communicator over `transport`, with `multicast`; the job's directory is
+/// kept for [`leave`].
+fn enter_world(
+    me: &Membership,
+    transport: Arc<dyn Transport>,
+    config: Config,
+    multicast: Option<MulticastSetup>,
+    directory: JobDirectory,
+) -> Result<Communicator, Error> {
     let comm = Communicator::world_with_multicast(
         me.rank as usize,
         me.size as usize,
@@ -223,15 +229,7 @@ async fn join_verbs(
         other => Error::Transport(other.into()),
     })?;
     let multicast = rankweave_transports::ipmcast::setup(&config, me.rank, job_key);
-    let comm = Communicator::world_with_multicast(
-        me.rank as usize,
-        me.size as usize,
-        transport,
-        config,
-        multicast,
-    )?;
-    *JOINED.lock().unwrap_or_else(|p| p.into_inner()) = Some(directory);
-    Ok(comm)
+    enter_world(&me, transport, config, multicast, directory)
 }
 
 /// Waits for every rank at start-up (the fence) and, when `needed`, agrees on the job key:

@@ -1,8 +1,7 @@
 //! What the verbs tests share: reproducible payloads and eager frames.
 
 use bytes::Bytes;
-use rankweave_core::ContextId;
-use rankweave_core::frame::{Envelope, Frame, Header};
+use rankweave_core::frame::Frame;
 
 /// `len` pseudo-random bytes from `seed` (xorshift): every seed gives other bytes, so a
 /// payload delivered to the wrong place or damaged shows.
@@ -20,14 +19,5 @@ pub(crate) fn pattern(seed: u64, len: usize) -> Vec<u8> {
 
 /// An eager frame of context 1, tag 7, with sequence number `seq` and `payload`.
 pub(crate) fn frame(seq: u64, payload: impl Into<Bytes>) -> Frame {
-    let payload = payload.into();
-    Frame {
-        header: Header::Eager(Envelope {
-            context: ContextId(1),
-            tag: 7,
-            seq,
-            len: payload.len() as u64,
-        }),
-        payload,
-    }
+    crate::test_frames::eager_frame(1, 7, seq, payload)
 }
