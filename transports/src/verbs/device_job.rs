@@ -1,6 +1,6 @@
 //! Jobs over this machine's RDMA device: what `RANKWEAVE_TRANSPORT=verbs` selects in
 //! `rankweave::local` (in-process jobs, [`device_world`]) and in `rankweave::init` (one rank of
-//! a multi-process job, [`device_rank`], which runs [`join_rank`] over the device).
+//! a multi-process job, [`device_rank`], which runs [`join_rank`](super::process_job::join_rank) over the device).
 //!
 //! Every rank opens the device (named by [`DEVICE_VAR`], the first one when unset) as its own
 //! provider (its own protection domain and completion queue) and gets an
@@ -22,8 +22,6 @@ use rankweave_core::{Communicator, Config, Error, Transport};
 use super::adaptive::AdaptiveSettings;
 use super::error::VerbsError;
 use super::process_job::ProcessRendezvous;
-#[cfg(feature = "verbs")]
-use super::process_job::join_rank;
 
 /// `RANKWEAVE_VERBS_DEVICE`: the RDMA device to use (the first the kernel lists when unset).
 pub const DEVICE_VAR: &str = "RANKWEAVE_VERBS_DEVICE";
@@ -140,7 +138,7 @@ pub async fn device_rank<D: ProcessRendezvous>(
     #[cfg(feature = "verbs")]
     {
         let provider = super::device::DeviceProvider::open(device)?;
-        let joined = join_rank(
+        let joined = super::process_job::join_rank(
             vec![provider],
             rank,
             size,
