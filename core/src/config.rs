@@ -430,6 +430,20 @@ fn parse_progress(v: &str) -> Result<ProgressPolicy, ConfigError> {
     })
 }
 
+/// Parses a whole number from `min` to `max` (both included); anything else is a
+/// [`ConfigError`] naming `variable` and the range.
+pub fn parse_number(variable: &str, v: &str, min: u64, max: u64) -> Result<u64, ConfigError> {
+    v.trim()
+        .parse::<u64>()
+        .ok()
+        .filter(|n| (min..=max).contains(n))
+        .ok_or_else(|| ConfigError {
+            variable: variable.into(),
+            value: v.into(),
+            expected: format!("a whole number from {min} to {max}"),
+        })
+}
+
 /// Parses a byte count with an optional binary suffix: `4096`, `64k`, `16M`, `1g`.
 pub fn parse_size(variable: &str, v: &str) -> Result<usize, ConfigError> {
     let err = || ConfigError {
@@ -458,6 +472,18 @@ pub fn parse_size(variable: &str, v: &str) -> Result<usize, ConfigError> {
 mod tests {
     use super::*;
     use std::collections::HashMap;
+
+    #[test]
+    fn numbers_in_range() {
+        assert_eq!(parse_number("V", " 7 ", 1, 10), Ok(7));
+        assert_eq!(parse_number("V", "1", 1, 10), Ok(1));
+        assert_eq!(parse_number("V", "10", 1, 10), Ok(10));
+        for bad in ["0", "11", "-1", "x", ""] {
+            let e = parse_number("V", bad, 1, 10).unwrap_err();
+            assert_eq!((e.variable.as_str(), e.value.as_str()), ("V", bad));
+            assert_eq!(e.expected, "a whole number from 1 to 10");
+        }
+    }
 
     fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
         let map: HashMap<String, String> = pairs

@@ -18,6 +18,7 @@ use std::time::Duration;
 use rankweave_core::TransportError;
 use rankweave_transports::shm::{SegmentAddress, SegmentDirectory};
 use rankweave_transports::udp::PeerDirectory;
+use rankweave_transports::verbs::{UdDirectory, UdEndpoints};
 use tokio::sync::{mpsc, oneshot};
 
 use super::detect::{Bootstrap, RendezvousJob};
@@ -38,6 +39,11 @@ const JOB_KEY_KEY: &str = "rw-job-key";
 /// Key of a rank's shared-memory segment address.
 fn segment_key(rank: u32) -> String {
     format!("rw-shm-{rank}")
+}
+
+/// Key of a rank's UD endpoints (`RANKWEAVE_TRANSPORT=verbs`).
+fn ud_key(rank: u32) -> String {
+    format!("rw-ud-{rank}")
 }
 
 /// What the key-value space told a joining rank.
@@ -161,6 +167,15 @@ impl JobDirectory {
         self.put(segment_key(rank), addr.encode()).await
     }
 
+    /// Publishes this rank's UD endpoints (verbs).
+    pub(crate) async fn publish_ud(
+        &self,
+        rank: u32,
+        endpoints: &UdEndpoints,
+    ) -> Result<(), String> {
+        self.put(ud_key(rank), endpoints.encode()).await
+    }
+
     /// Rank 0 publishes a fresh job key before the start-up fence; the others read it after.
     pub(crate) async fn publish_job_key(&self, key: u64) -> Result<(), String> {
         self.put(JOB_KEY_KEY.into(), format!("{key:016x}")).await
@@ -211,6 +226,13 @@ impl SegmentDirectory for JobDirectory {
         let value = self.lookup_blocking(rank, segment_key(rank))?;
         SegmentAddress::decode(&value)
             .ok_or_else(|| unreachable(rank, format!("bad segment record {value:?}")))
+    }
+}
+
+impl UdDirectory for JobDirectory {
+    fn lookup_ud(&self, rank: u32) -> Result<UdEndpoints, TransportError> {
+        let value = self.lookup_blocking(rank, ud_key(rank))?;
+        UdEndpoints::decode(&value).map_err(|e| unreachable(rank, e.to_string()))
     }
 }
 

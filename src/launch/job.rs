@@ -1,8 +1,10 @@
 //! Joining a multi-process job: set up this rank's shared-memory segment and UDP routes,
 //! publish them, meet the others, build the transport (`RANKWEAVE_TRANSPORT`: `auto` uses
 //! shared memory alone when every rank is on this host and shared memory beside UDP when
-//! not; `shm` and `udp` use one), and, when multicast broadcasts are on, the multicast fabric
-//! whose group names derive from the job key (agreed here even for shared memory alone).
+//! not; `shm` and `udp` use one; `verbs` publishes the RDMA device's UD endpoints instead and
+//! connects every peer over verbs), and, when multicast broadcasts are on, the multicast
+//! fabric whose group names derive from the job key (agreed here even for shared memory
+//! alone).
 //!
 //! Start-up follows Yu's scalable pattern: each rank publishes O(1) data (its route addresses,
 //! one key) and waits once for everyone; nothing is fetched yet. A peer's addresses are read
@@ -13,13 +15,19 @@
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
-use rankweave_core::{Communicator, Config, Error, Transport, TransportKind};
+use rankweave_core::{
+    Communicator, Config, Error, MulticastSetup, Transport, TransportError, TransportKind,
+};
 use rankweave_transports::shm::{SegmentDirectory, ShmTransport};
 use rankweave_transports::split::SplitTransport;
 use rankweave_transports::udp::{self, UdpCarrier};
+use rankweave_transports::verbs::process_job::ProcessRendezvous;
+use rankweave_transports::verbs::{
+    AdaptiveSettings, UdDirectory, UdEndpoints, VerbsError, device_job,
+};
 
 use super::detect::Bootstrap;
-use super::directory::JobDirectory;
+use super::directory::{JobDirectory, Membership};
 
 /// The directory of the job this process joined, kept for [`super::finalize`].
 static JOINED: Mutex<Option<JobDirectory>> = Mutex::new(None);
@@ -42,21 +50,15 @@ pub(crate) async fn join(mut config: Config, bootstrap: Bootstrap) -> Result<Com
     match config.transport {
         TransportKind::Auto | TransportKind::Udp | TransportKind::Shm => {}
         TransportKind::Verbs => {
-            // Say first what is missing here (the feature, a device); with both, what is
-            // missing in rankweave.
-            let device = rankweave_transports::verbs::device_job::device_from_env();
-            rankweave_transports::verbs::device_job::probe(device.as_deref())
-                .map_err(|e| Error::Transport(e.into()))?;
-            return Err(launch_error(
-                launcher_name,
-                "RANKWEAVE_TRANSPORT=verbs connects ranks of one process (rankweave::local) but not yet processes; use auto, shm or udp",
-            ));
+            // Say what is missing here (the feature, a device) before meeting anyone.
+            let device = device_job::device_from_env();
+            device_job::probe(device.as_deref()).map_err(|e| Error::Transport(e.into()))?;
         }
         other => {
             return Err(launch_error(
                 launcher_name,
                 format!(
-                    "RANKWEAVE_TRANSPORT={other:?} cannot connect processes; use auto, shm or udp"
+                    "RANKWEAVE_TRANSPORT={other:?} cannot connect processes; use auto, shm, udp or verbs"
                 ),
             ));
         }
@@ -85,6 +87,9 @@ pub(crate) async fn join(mut config: Config, bootstrap: Bootstrap) -> Result<Com
     } else {
         rankweave_core::LONG_SPIN
     });
+    if config.transport == TransportKind::Verbs {
+        return join_verbs(config, directory, me).await;
+    }
     // Shared memory needs no network at all when every rank is here. Faults are injected
     // beneath the reliability layer, so a chaos spec under `auto` means UDP for every peer.
     let auto_network = config.transport == TransportKind::Auto && config.chaos.is_some();
@@ -119,15 +124,7 @@ pub(crate) async fn join(mut config: Config, bootstrap: Bootstrap) -> Result<Com
         let local = local.ok_or_else(|| fail("no shared-memory transport".into()))?;
         let multicast =
             job_key.and_then(|key| rankweave_transports::ipmcast::setup(&config, me.rank, key));
-        let comm = Communicator::world_with_multicast(
-            me.rank as usize,
-            me.size as usize,
-            Arc::new(local),
-            config,
-            multicast,
-        )?;
-        *JOINED.lock().unwrap_or_else(|p| p.into_inner()) = Some(directory);
-        return Ok(comm);
+        return enter_world(&me, Arc::new(local), config, multicast, directory);
     }
 
     let mut settings =
@@ -159,6 +156,18 @@ pub(crate) async fn join(mut config: Config, bootstrap: Bootstrap) -> Result<Com
         None => network,
     };
     let multicast = rankweave_transports::ipmcast::setup(&config, me.rank, job_key);
+    enter_world(&me, transport, config, multicast, directory)
+}
+
+/// This rank's world communicator over `transport`, with `multicast`; the job's directory is
+/// kept for [`leave`].
+fn enter_world(
+    me: &Membership,
+    transport: Arc<dyn Transport>,
+    config: Config,
+    multicast: Option<MulticastSetup>,
+    directory: JobDirectory,
+) -> Result<Communicator, Error> {
     let comm = Communicator::world_with_multicast(
         me.rank as usize,
         me.size as usize,
@@ -170,11 +179,69 @@ pub(crate) async fn join(mut config: Config, bootstrap: Bootstrap) -> Result<Com
     Ok(comm)
 }
 
+/// The job's key-value space as a rank joining over verbs uses it.
+struct VerbsRendezvous {
+    directory: JobDirectory,
+    me: Membership,
+}
+
+impl UdDirectory for VerbsRendezvous {
+    fn lookup_ud(&self, rank: u32) -> Result<UdEndpoints, TransportError> {
+        self.directory.lookup_ud(rank)
+    }
+}
+
+impl ProcessRendezvous for VerbsRendezvous {
+    async fn publish_ud(&self, rank: u32, endpoints: &UdEndpoints) -> Result<(), String> {
+        self.directory.publish_ud(rank, endpoints).await
+    }
+
+    async fn meet(&self) -> Result<u64, String> {
+        agree_job_key(&self.directory, &self.me, true)
+            .await?
+            .ok_or_else(|| "no job key".into())
+    }
+}
+
+/// Joins over verbs (`RANKWEAVE_TRANSPORT=verbs`): the device's UD endpoints are published,
+/// the ranks meet once, and peers are looked up on first contact
+/// ([`device_job::device_rank`]). Every peer goes over verbs, those on this host too (no
+/// shared memory beside it). Broadcasts use IP multicast when the configuration turns
+/// multicast on, as over UDP: UD multicast needs groups the subnet manager knows.
+async fn join_verbs(
+    config: Config,
+    directory: JobDirectory,
+    me: Membership,
+) -> Result<Communicator, Error> {
+    let launcher = directory.launcher();
+    let settings = AdaptiveSettings::from_env()?;
+    let device = device_job::device_from_env();
+    let rendezvous = Arc::new(VerbsRendezvous {
+        directory: directory.clone(),
+        me: me.clone(),
+    });
+    let (transport, job_key) = device_job::device_rank(
+        me.rank,
+        me.size,
+        device.as_deref(),
+        config.peer_timeout,
+        settings,
+        rendezvous,
+    )
+    .await
+    .map_err(|e| match e {
+        VerbsError::Directory { .. } => launch_error(launcher, e.to_string()),
+        other => Error::Transport(other.into()),
+    })?;
+    let multicast = rankweave_transports::ipmcast::setup(&config, me.rank, job_key);
+    enter_world(&me, transport, config, multicast, directory)
+}
+
 /// Waits for every rank at start-up (the fence) and, when `needed`, agrees on the job key:
 /// the launcher's if it gave one, else one rank 0 draws and publishes before the fence.
 async fn agree_job_key(
     directory: &JobDirectory,
-    me: &super::directory::Membership,
+    me: &Membership,
     needed: bool,
 ) -> Result<Option<u64>, String> {
     let drawn =

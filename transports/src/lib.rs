@@ -27,5 +27,7 @@ pub mod link;
 pub mod shm;
 pub mod split;
 mod sync;
+#[cfg(test)]
+mod test_frames;
 pub mod udp;
 pub mod verbs;

@@ -665,3 +665,41 @@ impl<C: Carrier> std::fmt::Debug for LinkTransport<C> {
             .finish_non_exhaustive()
     }
 }
+
+/// The job key and source rank of a link packet (magic `RL`, bytes 8..16 and 16..20 of the
+/// header; see `rankweave_core::reliability::packet`), without checking anything else: what a
+/// carrier that learns its peers on demand reads to tell who an unknown sender claims to be.
+pub(crate) fn packet_sender(bytes: &[u8]) -> Option<(u64, u32)> {
+    if bytes.len() < 24 || bytes[..2] != rankweave_core::reliability::packet::MAGIC {
+        return None;
+    }
+    let key = u64::from_le_bytes(bytes[8..16].try_into().ok()?);
+    let source = u32::from_le_bytes(bytes[16..20].try_into().ok()?);
+    Some((key, source))
+}
+
+/// How long a failed peer lookup is remembered before the directory is asked again.
+const LOOKUP_RETRY: Duration = Duration::from_millis(200);
+
+/// The peers whose lookup in a job's directory failed just now, so that a carrier learning
+/// its peers on demand does not ask again for every datagram (not before [`LOOKUP_RETRY`]).
+#[derive(Default)]
+pub(crate) struct FailedLookups {
+    failed: Mutex<FxHashMap<u32, Instant>>,
+}
+
+impl FailedLookups {
+    /// Whether the lookup of `rank` failed less than [`LOOKUP_RETRY`] ago.
+    pub(crate) fn recently_failed(&self, rank: u32) -> bool {
+        let failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());
+        failed
+            .get(&rank)
+            .is_some_and(|t| t.elapsed() < LOOKUP_RETRY)
+    }
+
+    /// Remembers that the lookup of `rank` failed now.
+    pub(crate) fn remember(&self, rank: u32) {
+        let mut failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());
+        failed.insert(rank, Instant::now());
+    }
+}

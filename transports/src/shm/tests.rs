@@ -1,8 +1,7 @@
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use rankweave_core::frame::{Envelope, Header};
-use rankweave_core::types::ContextId;
+use rankweave_core::frame::Header;
 
 use super::*;
 
@@ -27,15 +26,7 @@ fn job(n: u32, s: ShmConfig) -> Vec<ShmTransport> {
 }
 
 fn eager(seq: u64, payload: Vec<u8>) -> Frame {
-    Frame {
-        header: Header::Eager(Envelope {
-            context: ContextId(2),
-            tag: 9,
-            seq,
-            len: payload.len() as u64,
-        }),
-        payload: Bytes::from(payload),
-    }
+    crate::test_frames::eager_frame(2, 9, seq, payload)
 }
 
 fn pattern(len: usize, seed: u64) -> Vec<u8> {

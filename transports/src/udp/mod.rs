@@ -36,7 +36,7 @@ use rankweave_core::{
 use rustc_hash::FxHashMap;
 
 use crate::chaos::ChaosCarrier;
-use crate::link::{LinkTransport, LinkTransportConfig};
+use crate::link::{FailedLookups, LinkTransport, LinkTransportConfig};
 
 pub use socket::RouteSocket;
 
@@ -76,16 +76,13 @@ pub trait PeerDirectory: Send + Sync + 'static {
     fn lookup(&self, rank: u32) -> Result<Vec<SocketAddr>, TransportError>;
 }
 
-/// How long a failed lookup is remembered before the directory is asked again.
-const LOOKUP_RETRY: std::time::Duration = std::time::Duration::from_millis(200);
-
 /// On-demand peer discovery (see [`UdpCarrier::with_directory`]).
 struct Discovery {
     directory: Arc<dyn PeerDirectory>,
     job_key: u64,
     size: u32,
-    /// Ranks whose lookup failed, and when: not asked again before [`LOOKUP_RETRY`].
-    failed: Mutex<FxHashMap<u32, std::time::Instant>>,
+    /// Ranks whose lookup failed just now.
+    failed: FailedLookups,
 }
 
 /// Where each peer's routes are, and who an address belongs to.
@@ -151,7 +148,7 @@ impl UdpCarrier {
             directory,
             job_key,
             size,
-            failed: Mutex::new(FxHashMap::default()),
+            failed: FailedLookups::default(),
         });
         self
     }
@@ -199,14 +196,8 @@ impl UdpCarrier {
         if rank >= d.size || rank == self.rank {
             return false;
         }
-        {
-            let failed = d.failed.lock().unwrap_or_else(|p| p.into_inner());
-            if failed
-                .get(&rank)
-                .is_some_and(|t| t.elapsed() < LOOKUP_RETRY)
-            {
-                return false;
-            }
+        if d.failed.recently_failed(rank) {
+            return false;
         }
         match d.directory.lookup(rank) {
             Ok(addrs) if addrs.len() >= self.sockets.len() => {
@@ -220,20 +211,15 @@ impl UdpCarrier {
                     local = self.sockets.len(),
                     "peer published fewer routes than this rank has"
                 );
-                self.remember_failure(d, rank);
+                d.failed.remember(rank);
                 false
             }
             Err(e) => {
                 tracing::warn!(rank, error = %e, "peer lookup failed");
-                self.remember_failure(d, rank);
+                d.failed.remember(rank);
                 false
             }
         }
-    }
-
-    fn remember_failure(&self, d: &Discovery, rank: u32) {
-        let mut failed = d.failed.lock().unwrap_or_else(|p| p.into_inner());
-        failed.insert(rank, std::time::Instant::now());
     }
 
     /// The rank an unknown address's datagram claims to come from, if it is a packet of this
@@ -241,7 +227,7 @@ impl UdpCarrier {
     /// the directory.
     fn identify(&self, addr: &SocketAddr, bytes: &[u8]) -> Option<u32> {
         let d = self.discovery.as_ref()?;
-        let (key, source) = link_header_sender(bytes)?;
+        let (key, source) = crate::link::packet_sender(bytes)?;
         if key != d.job_key || self.knows(source) || !self.discover(source) {
             return None;
         }
@@ -344,17 +330,6 @@ impl std::fmt::Debug for UdpCarrier {
             .field("max_datagram", &self.max_datagram)
             .finish_non_exhaustive()
     }
-}
-
-/// The job key and source rank of a link packet (magic `RL`, bytes 8..16 and 16..20 of the
-/// header; see `rankweave_core::reliability::packet`), without checking anything else.
-fn link_header_sender(bytes: &[u8]) -> Option<(u64, u32)> {
-    if bytes.len() < 24 || bytes[..2] != rankweave_core::reliability::packet::MAGIC {
-        return None;
-    }
-    let key = u64::from_le_bytes(bytes[8..16].try_into().ok()?);
-    let source = u32::from_le_bytes(bytes[16..20].try_into().ok()?);
-    Some((key, source))
 }
 
 #[cfg(test)]

@@ -29,7 +29,7 @@
 
 use std::collections::VecDeque;
 use std::pin::Pin;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -42,7 +42,7 @@ use super::connection_manager::{CmConfig, CmCounters, CmEvent, CmMessage, Connec
 use super::error::VerbsError;
 use super::provider::Provider;
 use super::rc::{RcSettings, RcTransport};
-use super::shared_port::PortHandle;
+use super::shared_port::{PortHandle, SharedPort};
 use super::ud_carrier::{UdCarrier, UdCounters, UdSettings};
 use crate::link::{LinkTransport, LinkTransportConfig};
 
@@ -544,6 +544,51 @@ impl<P: Provider> Transport for AdaptiveTransport<P> {
     }
 }
 
+/// One rank's two sides before its peers are known: the UD carrier (one route per port) and
+/// the RC transport whose connections are made on demand (one lane per port).
+pub struct AdaptiveParts<P: Provider> {
+    /// The UD carrier.
+    pub carrier: UdCarrier<PortHandle<P>>,
+    /// The RC transport.
+    pub rc: RcTransport<PortHandle<P>>,
+}
+
+impl<P: Provider> AdaptiveParts<P> {
+    /// Opens rank `rank`'s UD queue pairs and RC transport on `ports` (at least one, at most
+    /// [`MAX_LANES`](super::stream::MAX_LANES)) for a `size`-rank job.
+    pub fn open(
+        ports: &[SharedPort<P>],
+        rank: u32,
+        size: u32,
+        settings: &AdaptiveSettings,
+    ) -> Result<AdaptiveParts<P>, VerbsError> {
+        let handles = || ports.iter().map(SharedPort::handle).collect();
+        Ok(AdaptiveParts {
+            carrier: UdCarrier::new(handles(), rank, size, settings.ud)?,
+            rc: RcTransport::on_demand(handles(), rank, size, settings.rc)?,
+        })
+    }
+
+    /// The transport of job `job_key` over these parts (the carrier's peers set, or its
+    /// directory given), with the link layer's `peer_timeout`.
+    pub fn into_transport(
+        self,
+        job_key: u64,
+        peer_timeout: Duration,
+        settings: AdaptiveSettings,
+    ) -> Arc<AdaptiveTransport<P>> {
+        let rank = self.carrier.rank();
+        let size = self.carrier.size();
+        let link = LinkTransportConfig::new(rank, size, job_key).with_peer_timeout(peer_timeout);
+        Arc::new(AdaptiveTransport::new(
+            self.carrier,
+            self.rc,
+            link,
+            settings,
+        ))
+    }
+}
+
 fn switching(s: &State) -> Vec<u32> {
     (0u32..)
         .zip(&s.peers)
@@ -555,8 +600,8 @@ fn switching(s: &State) -> Vec<u32> {
 /// Connects the UD carriers of one process's ranks to each other: `carriers[rank]`'s
 /// addresses go to every other (the exchange a multi-process job does through its key-value
 /// store, O(1) per rank: one UD address per port).
-pub fn introduce<P: Provider>(carriers: &[UdCarrier<P>]) -> Result<(), VerbsError> {
-    let table: Vec<_> = carriers.iter().map(UdCarrier::addresses).collect();
+pub fn introduce<P: Provider>(carriers: &[&UdCarrier<P>]) -> Result<(), VerbsError> {
+    let table: Vec<_> = carriers.iter().map(|c| c.addresses()).collect();
     for c in carriers {
         c.set_peers(&table)?;
     }

@@ -5,37 +5,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use rankweave_core::frame::{Envelope, Frame, Header};
-use rankweave_core::{Arrival, Config, ContextId, Source, Tag, Transport};
+use rankweave_core::frame::{Frame, Header};
+use rankweave_core::{Arrival, Config, Source, Tag, Transport};
 
 use super::adaptive::{AdaptiveSettings, AdaptiveTransport};
 use super::connection_manager::{CmConfig, CmMessage};
+use super::test_support::{frame, pattern};
 use super::*;
-
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
-fn frame(seq: u64, payload: Vec<u8>) -> Frame {
-    Frame {
-        header: Header::Eager(Envelope {
-            context: ContextId(1),
-            tag: 7,
-            seq,
-            len: payload.len() as u64,
-        }),
-        payload: Bytes::from(payload),
-    }
-}
 
 fn settings(connect_after: Option<u64>) -> AdaptiveSettings {
     AdaptiveSettings {
@@ -49,9 +25,10 @@ fn settings(connect_after: Option<u64>) -> AdaptiveSettings {
 }
 
 /// Whether a sent UD datagram is a connection message of `kind` (1 Request, 2 Reply,
-/// 3 Confirm): the carrier's kind byte `C`, then the message's magic and kind.
+/// 3 Confirm): the carrier's kind byte `C` and the sender's rank, then the message's magic
+/// and kind.
 fn is_control(bytes: &[u8], kind: u8) -> bool {
-    bytes.len() > 4 && bytes[0] == b'C' && &bytes[1..4] == b"CM1" && bytes[4] == kind
+    bytes.len() > 8 && bytes[0] == b'C' && &bytes[5..8] == b"CM1" && bytes[8] == kind
 }
 
 type Ranks = Vec<Arc<AdaptiveTransport<SimProvider>>>;

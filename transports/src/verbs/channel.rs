@@ -656,9 +656,22 @@ impl RcChannel {
             || self.credits.update_due()
     }
 
-    /// Registered buffers of transfers that have not completed (to deregister on teardown).
-    pub fn incoming_regions(&self) -> impl Iterator<Item = MrId> + '_ {
-        self.incoming.values().filter_map(|t| t.region)
+    /// Forgets the write rendezvous transfers to this side that have not completed and
+    /// returns their registered buffers: for the driver to deregister when this lane has
+    /// failed (no write can land in them any more; the peer sends those frames again on
+    /// another lane). Read rendezvous buffers are not taken: a read posted into one completes
+    /// (flushed) first, and [`abandon_read`](Self::abandon_read) returns it then.
+    pub fn take_incoming_writes(&mut self) -> Vec<MrId> {
+        let writes: Vec<u32> = self
+            .incoming
+            .iter()
+            .filter(|(_, t)| t.source.is_none())
+            .map(|(&transfer, _)| transfer)
+            .collect();
+        writes
+            .into_iter()
+            .filter_map(|transfer| self.incoming.remove(&transfer)?.region)
+            .collect()
     }
 
     /// Its credit state.

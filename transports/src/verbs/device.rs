@@ -291,6 +291,19 @@ impl DeviceProvider {
         }
     }
 
+    /// The sender of a UD receive completion: its LID and queue pair number (the GID is not
+    /// read from the GRH; the UD carrier knows its peers by LID and queue pair number).
+    fn ud_source(&self, wc: &ffi::ibv_wc, kind: CompletionKind) -> Option<QpAddress> {
+        let ud = matches!(self.qps.get(&wc.qp_num), Some((_, QpKind::Ud, _)));
+        (ud && kind == CompletionKind::Recv).then_some(QpAddress {
+            port: PortAddress {
+                lid: wc.slid,
+                gid: [0; 16],
+            },
+            qpn: QpNum(wc.src_qp),
+        })
+    }
+
     fn qp(&self, qp: QpNum) -> Result<(*mut ffi::ibv_qp, QpKind), VerbsError> {
         self.qps
             .get(&qp.0)
@@ -765,7 +778,7 @@ impl Provider for DeviceProvider {
                 kind,
                 byte_len: wc.len(),
                 imm: wc.imm_data().map(u32::from_be),
-                source: None,
+                source: self.ud_source(wc, kind),
             });
         }
         Ok(n as usize)

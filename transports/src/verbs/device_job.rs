@@ -1,5 +1,6 @@
-//! In-process jobs over this machine's RDMA device: what `RANKWEAVE_TRANSPORT=verbs` selects
-//! in `rankweave::local`.
+//! Jobs over this machine's RDMA device: what `RANKWEAVE_TRANSPORT=verbs` selects in
+//! `rankweave::local` (in-process jobs, [`device_world`]) and in `rankweave::init` (one rank of
+//! a multi-process job, [`device_rank`], which runs [`join_rank`](super::process_job::join_rank) over the device).
 //!
 //! Every rank opens the device (named by [`DEVICE_VAR`], the first one when unset) as its own
 //! provider (its own protection domain and completion queue) and gets an
@@ -13,10 +14,14 @@
 //! [`VerbsError::NotBuilt`]; with it but without a device, with [`VerbsError::NoDevice`]. Both
 //! reach the caller as [`TransportError::Unavailable`](rankweave_core::TransportError).
 
-use rankweave_core::{Communicator, Config, Error};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rankweave_core::{Communicator, Config, Error, Transport};
 
 use super::adaptive::AdaptiveSettings;
 use super::error::VerbsError;
+use super::process_job::ProcessRendezvous;
 
 /// `RANKWEAVE_VERBS_DEVICE`: the RDMA device to use (the first the kernel lists when unset).
 pub const DEVICE_VAR: &str = "RANKWEAVE_VERBS_DEVICE";
@@ -82,8 +87,6 @@ fn build(
     device: Option<&str>,
     settings: AdaptiveSettings,
 ) -> Result<Vec<Communicator>, Error> {
-    use std::sync::Arc;
-
     use super::device::DeviceProvider;
     use super::shared_port::SharedPort;
 
@@ -117,6 +120,40 @@ fn build(
     _settings: AdaptiveSettings,
 ) -> Result<Vec<Communicator>, Error> {
     Err(Error::Transport(VerbsError::NotBuilt.into()))
+}
+
+/// Joins rank `rank` of a `size`-rank multi-process job over the RDMA device `device` (the
+/// first when `None`), port 1, meeting the other ranks in `directory`
+/// ([`join_rank`](super::process_job::join_rank)); returns the rank's transport and the job
+/// key. Without the cargo feature `verbs` this is [`VerbsError::NotBuilt`]; without a device,
+/// [`VerbsError::NoDevice`]. Must be called inside a tokio runtime.
+pub async fn device_rank<D: ProcessRendezvous>(
+    rank: u32,
+    size: u32,
+    device: Option<&str>,
+    peer_timeout: Duration,
+    settings: AdaptiveSettings,
+    directory: Arc<D>,
+) -> Result<(Arc<dyn Transport>, u64), VerbsError> {
+    #[cfg(feature = "verbs")]
+    {
+        let provider = super::device::DeviceProvider::open(device)?;
+        let joined = super::process_job::join_rank(
+            vec![provider],
+            rank,
+            size,
+            peer_timeout,
+            settings,
+            directory,
+        )
+        .await?;
+        Ok((joined.transport as Arc<dyn Transport>, joined.job_key))
+    }
+    #[cfg(not(feature = "verbs"))]
+    {
+        let _ = (rank, size, device, peer_timeout, settings, directory);
+        Err(VerbsError::NotBuilt)
+    }
 }
 
 #[cfg(test)]

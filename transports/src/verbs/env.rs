@@ -18,7 +18,7 @@
 use std::time::Duration;
 
 use rankweave_core::ConfigError;
-use rankweave_core::config::parse_size;
+use rankweave_core::config::{parse_number as number, parse_size};
 
 use super::adaptive::AdaptiveSettings;
 
@@ -28,14 +28,6 @@ fn bad(variable: &str, value: &str, expected: &str) -> ConfigError {
         value: value.into(),
         expected: expected.into(),
     }
-}
-
-fn number(variable: &str, v: &str, min: u64, max: u64) -> Result<u64, ConfigError> {
-    v.trim()
-        .parse::<u64>()
-        .ok()
-        .filter(|n| (min..=max).contains(n))
-        .ok_or_else(|| bad(variable, v, &format!("a whole number from {min} to {max}")))
 }
 
 impl AdaptiveSettings {

@@ -59,6 +59,14 @@ pub enum VerbsError {
     /// A setting is out of range.
     #[error("invalid verbs setting: {0}")]
     InvalidSetting(String),
+    /// The job's key-value space failed a step of joining a multi-process job.
+    #[error("{step}: {message}")]
+    Directory {
+        /// The step (publishing the UD endpoints, meeting the other ranks).
+        step: &'static str,
+        /// The key-value space's error.
+        message: String,
+    },
     /// This build has no device provider: it was compiled without the cargo feature `verbs`.
     #[error("this build lacks the cargo feature `verbs` (rebuild with `--features verbs`)")]
     NotBuilt,

@@ -31,6 +31,7 @@ pub mod env;
 mod error;
 pub mod message;
 pub mod mr_cache;
+pub mod process_job;
 pub mod provider;
 pub mod rc;
 pub mod shared_port;
@@ -38,6 +39,7 @@ pub mod sim;
 pub mod sim_job;
 pub mod stream;
 pub mod ud_carrier;
+pub mod ud_directory;
 pub mod ud_multicast;
 mod ud_queue;
 
@@ -58,6 +60,7 @@ pub use sim_job::{
     SimulatedJob, SimulatedTransports, adaptive_transports, simulated_adaptive_transports,
     simulated_adaptive_world,
 };
+pub use ud_directory::{UdDirectory, UdEndpoints};
 
 /// The world communicators of an `n`-rank in-process job whose ranks talk over the RC
 /// transport through a fresh [`SimFabric`] (one port per rank), with `settings`. Must be
@@ -97,3 +100,9 @@ mod tests;
 
 #[cfg(test)]
 mod adaptive_tests;
+
+#[cfg(test)]
+mod process_job_tests;
+
+#[cfg(test)]
+mod test_support;

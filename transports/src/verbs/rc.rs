@@ -885,8 +885,10 @@ impl<P: Provider> State<P> {
     }
 
     /// Read rendezvous sends of `p` that the peer finished (Fin) are delivered and their
-    /// payloads released; those of failed lanes are released (the stream sends them again).
-    fn finish_reads(&mut self, p: &mut Peer) {
+    /// payloads released; on failed lanes, the payloads of read rendezvous sends are released
+    /// (the stream sends them again) and the receive buffers of unfinished write rendezvous
+    /// transfers deregistered (the peer sends those again).
+    fn finish_transfers(&mut self, p: &mut Peer) {
         for (lane, l) in p.lanes.iter_mut().enumerate() {
             let port = &mut self.ports[lane];
             while let Some((tag, mr)) = l.channel.poll_read_finished() {
@@ -896,6 +898,11 @@ impl<P: Provider> State<P> {
             if l.failed {
                 for mr in l.channel.take_read_sources() {
                     port.cache.release(mr);
+                }
+                for mr in l.channel.take_incoming_writes() {
+                    if let Err(e) = port.provider.deregister(mr) {
+                        tracing::debug!(lane, error = %e, "verbs: transfer buffer not deregistered");
+                    }
                 }
             }
             for id in port.cache.evict() {
@@ -911,7 +918,7 @@ impl<P: Provider> State<P> {
         let Some(mut p) = self.peers.get_mut(peer as usize).and_then(Option::take) else {
             return;
         };
-        self.finish_reads(&mut p);
+        self.finish_transfers(&mut p);
         while !p.failed && p.connected {
             while let Some((lane, tag, frame)) = p.stream.poll_transmit() {
                 p.lanes[lane].channel.send(tag, frame);

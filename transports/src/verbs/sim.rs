@@ -188,6 +188,15 @@ impl SimFabric {
         self.lock().port(lid).map_or(0, |p| p.rdma_bytes)
     }
 
+    /// Memory regions registered on port `lid` now (registered and not deregistered).
+    pub fn registered_regions(&self, lid: u16) -> usize {
+        self.lock()
+            .regions
+            .values()
+            .filter(|r| r.lid == lid)
+            .count()
+    }
+
     /// What the fabric counted so far.
     pub fn counters(&self) -> SimCounters {
         self.lock().counters

@@ -5,13 +5,11 @@ use std::sync::Arc;
 
 use rankweave_core::{Communicator, Config, Error, MulticastSetup};
 
-use super::adaptive::{self, AdaptiveSettings, AdaptiveTransport};
+use super::adaptive::{self, AdaptiveParts, AdaptiveSettings, AdaptiveTransport};
 use super::error::VerbsError;
 use super::provider::Provider;
-use super::rc::RcTransport;
 use super::shared_port::SharedPort;
 use super::sim::{SimFabric, SimProvider};
-use super::ud_carrier;
 use super::ud_multicast::{UdMulticast, UdMulticastSettings};
 
 /// An in-process job over a simulated fabric with adaptive connections (see
@@ -93,33 +91,15 @@ pub fn adaptive_transports<P: Provider>(
         )));
     }
     let job_key = rankweave_core::rng::random_u64();
-    let mut carriers = Vec::with_capacity(ports.len());
-    let mut rcs = Vec::with_capacity(ports.len());
-    for (rank, rank_ports) in (0u32..).zip(ports) {
-        let handles = rank_ports.iter().map(SharedPort::handle).collect();
-        carriers.push(ud_carrier::UdCarrier::new(
-            handles,
-            rank,
-            size,
-            settings.ud,
-        )?);
-        rcs.push(RcTransport::on_demand(
-            rank_ports.iter().map(SharedPort::handle).collect(),
-            rank,
-            size,
-            settings.rc,
-        )?);
-    }
+    let parts = (0u32..)
+        .zip(ports)
+        .map(|(rank, rank_ports)| AdaptiveParts::open(rank_ports, rank, size, &settings))
+        .collect::<Result<Vec<_>, _>>()?;
+    let carriers: Vec<_> = parts.iter().map(|p| &p.carrier).collect();
     adaptive::introduce(&carriers)?;
-    let transports = carriers
+    let transports = parts
         .into_iter()
-        .zip(rcs)
-        .zip(0u32..)
-        .map(|((carrier, rc), rank)| {
-            let link = crate::link::LinkTransportConfig::new(rank, size, job_key)
-                .with_peer_timeout(peer_timeout);
-            Arc::new(AdaptiveTransport::new(carrier, rc, link, settings))
-        })
+        .map(|p| p.into_transport(job_key, peer_timeout, settings))
         .collect();
     Ok((transports, job_key))
 }

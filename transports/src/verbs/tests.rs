@@ -2,34 +2,11 @@
 //! and communicators on top.
 
 use bytes::Bytes;
-use rankweave_core::frame::{Envelope, Frame, Header};
-use rankweave_core::{Arrival, ContextId, Source, Tag, Transport};
+use rankweave_core::frame::{Frame, Header};
+use rankweave_core::{Arrival, Source, Tag, Transport};
 
+use super::test_support::{frame, pattern};
 use super::*;
-
-fn frame(seq: u64, payload: Bytes) -> Frame {
-    Frame {
-        header: Header::Eager(Envelope {
-            context: ContextId(1),
-            tag: 7,
-            seq,
-            len: payload.len() as u64,
-        }),
-        payload,
-    }
-}
-
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
 
 fn job(n: usize, settings: RcSettings) -> (SimFabric, Vec<RcTransport<SimProvider>>) {
     let fabric = SimFabric::default();
@@ -731,4 +708,40 @@ fn a_port_failing_mid_read_still_delivers_exactly_once_in_order() {
             }
         }
     }
+}
+
+/// A lane that fails while a write rendezvous waits for its data deregisters the receive
+/// buffer it had registered for it: the port's registrations return to what they were, and
+/// the frame arrives once over the other lane.
+#[test]
+fn a_failed_lane_deregisters_its_pending_write_rendezvous_buffers() {
+    let settings = RcSettings {
+        read_min: usize::MAX,
+        ..RcSettings::default()
+    };
+    let (fabric, ranks, lids) = multi_port_job(2, 2, settings);
+    let receiver_port = lids[1][0];
+    let before = fabric.registered_regions(receiver_port);
+    // 256 KiB: a write rendezvous (not striped) on the first lane.
+    let sent = frame(0, Bytes::from(pattern(0, 256 << 10)));
+    ranks[0].send(1, sent.clone()).unwrap();
+    // The receiver takes the Rts, registers a buffer and answers with a Cts; the sender does
+    // not run, so nothing is written into the buffer.
+    ranks[1].progress().unwrap();
+    assert_eq!(
+        fabric.registered_regions(receiver_port),
+        before + 1,
+        "the transfer's buffer is registered"
+    );
+    fabric.fail_port(receiver_port);
+    let got = collect_frames(&ranks, 1, 1);
+    assert_eq!(got.len(), 1);
+    assert!(got[0].1 == sent, "the frame, intact");
+    assert!(!ranks[1].lane_up(0, 0));
+    assert_eq!(
+        fabric.registered_regions(receiver_port),
+        before,
+        "the failed lane's transfer buffer is deregistered"
+    );
+    assert!(ranks[1].counters().stream.lane_failures >= 1);
 }

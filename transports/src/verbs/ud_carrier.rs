@@ -5,9 +5,17 @@
 //! of one MTU (plus the 40-byte GRH area) posted on it and [`UdSettings::send_buffers`] send
 //! buffers. Route `r` of a rank talks to route `r` of every peer, as the UDP carrier's routes
 //! do. A datagram is one byte of kind (a link packet, or a connection-management message) and
-//! the bytes; the sender is known by its port and queue pair number, looked up in the job's
-//! address table ([`UdCarrier::set_peers`]): datagrams from elsewhere are passed up with no
-//! sender and dropped as foreign by the link layer.
+//! the bytes (a connection-management message also carries its sender's rank); the sender is
+//! known by its port and queue pair number, looked up in the job's address table.
+//!
+//! The table is filled at once for the ranks of one process ([`UdCarrier::set_peers`]), or on
+//! demand in a multi-process job ([`UdCarrier::with_directory`]): the first send to a rank, or
+//! the first datagram from an unknown queue pair that claims to come from a rank of this job
+//! (a link packet with the job's key, or a connection message), looks that rank's
+//! [`UdEndpoints`] up once in a [`UdDirectory`]; the datagram is attributed to the rank only
+//! if it comes from a queue pair the rank published. Datagrams from elsewhere are passed up
+//! with no sender and dropped as foreign by the link layer (connection messages are dropped
+//! here).
 //!
 //! Like every carrier it promises nothing: a datagram that finds no receive posted, goes to or
 //! from a port that is down, or finds no free send buffer is lost, and the reliability layer
@@ -15,7 +23,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -28,7 +36,9 @@ use super::provider::{
     SendOp, SendRequest, Sge,
 };
 use super::sim::GRH_LEN;
+use super::ud_directory::{UdDirectory, UdEndpoints};
 use super::ud_queue::UdQueue;
+use crate::link::FailedLookups;
 
 /// Settings of a [`UdCarrier`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,6 +81,37 @@ pub struct UdCounters {
     pub failed_completions: u64,
     /// Received datagrams with an unknown kind byte, or empty.
     pub malformed: u64,
+    /// Peers looked up in the job's directory ([`UdCarrier::with_directory`]).
+    pub lookups: u64,
+}
+
+/// How a route reaches one peer.
+#[derive(Clone, Copy, Debug)]
+struct PeerRoute {
+    /// The peer's UD queue pair on this route.
+    address: QpAddress,
+    /// The address handle to reach it.
+    ah: AhId,
+    /// The queue key it accepts.
+    qkey: u32,
+}
+
+/// A datagram as received: its route, kind, source queue pair and, if that is in the
+/// address table, its rank.
+struct Received {
+    route: usize,
+    kind: u8,
+    source: Option<QpAddress>,
+    from: Option<u32>,
+    /// Without the kind byte.
+    bytes: Bytes,
+}
+
+/// On-demand peer discovery (see [`UdCarrier::with_directory`]).
+struct Discovery {
+    directory: Arc<dyn UdDirectory>,
+    job_key: u64,
+    failed: FailedLookups,
 }
 
 struct Route<P> {
@@ -80,8 +121,8 @@ struct Route<P> {
     recv_region: MemoryRegion,
     send_region: MemoryRegion,
     free_send: Vec<u32>,
-    /// Per peer: its queue pair on this route and the address handle to reach it.
-    peers: Vec<Option<(QpAddress, AhId)>>,
+    /// Per peer: how to reach it on this route.
+    peers: Vec<Option<PeerRoute>>,
     slot_len: usize,
     mtu: usize,
 }
@@ -90,6 +131,10 @@ struct State<P> {
     routes: Vec<Route<P>>,
     /// (LID, queue pair number) → rank, over all routes.
     ranks: FxHashMap<(u16, u32), u32>,
+    /// Per peer: whether its endpoints are in the table.
+    known: Vec<bool>,
+    /// Datagrams from unknown queue pairs, for `recv` to identify.
+    strangers: Vec<Received>,
     control: VecDeque<(u32, Bytes)>,
     /// Link datagrams received while reclaiming send buffers, for the next `recv`.
     pending: Vec<Datagram>,
@@ -104,6 +149,7 @@ pub struct UdCarrier<P: Provider> {
     qkey: u32,
     max_datagram: usize,
     closed: AtomicBool,
+    discovery: Option<Discovery>,
     state: Mutex<State<P>>,
 }
 
@@ -168,9 +214,12 @@ impl<P: Provider> UdCarrier<P> {
             qkey: settings.qkey,
             max_datagram,
             closed: AtomicBool::new(false),
+            discovery: None,
             state: Mutex::new(State {
                 routes,
                 ranks: FxHashMap::default(),
+                known: vec![false; size as usize],
+                strangers: Vec::new(),
                 control: VecDeque::new(),
                 pending: Vec::new(),
                 completions: Vec::new(),
@@ -188,27 +237,147 @@ impl<P: Provider> UdCarrier<P> {
         self.rank
     }
 
+    /// The job's size.
+    pub fn size(&self) -> u32 {
+        self.size
+    }
+
     /// The UD queue pair of each route: what this rank publishes for its peers.
     pub fn addresses(&self) -> Vec<QpAddress> {
         self.lock().routes.iter().map(|r| r.address).collect()
     }
 
+    /// What this rank publishes for its peers in a multi-process job: its queue key and the
+    /// UD queue pair of each route.
+    pub fn endpoints(&self) -> UdEndpoints {
+        UdEndpoints {
+            qkey: self.qkey,
+            routes: self.addresses(),
+        }
+    }
+
+    /// Learns peers on demand from `directory` (multi-process jobs, see the
+    /// [module docs](self)); `job_key` is the key of this job's link packets.
+    #[must_use]
+    pub fn with_directory(mut self, directory: Arc<dyn UdDirectory>, job_key: u64) -> Self {
+        self.discovery = Some(Discovery {
+            directory,
+            job_key,
+            failed: FailedLookups::default(),
+        });
+        self
+    }
+
     /// Tells the carrier where the peers are: `table[rank][route]` (this rank's own entry is
-    /// ignored). A peer with fewer routes than this rank is unreachable on the missing ones.
+    /// ignored), all with this carrier's queue key. A peer with fewer routes than this rank
+    /// is unreachable on the missing ones.
     pub fn set_peers(&self, table: &[Vec<QpAddress>]) -> Result<(), VerbsError> {
         let mut guard = self.lock();
-        let s = &mut *guard;
-        for (peer, addresses) in (0u32..).zip(table) {
-            if peer == self.rank || peer >= self.size {
-                continue;
-            }
-            for (route, address) in s.routes.iter_mut().zip(addresses) {
-                let ah = route.provider.create_ah(address.port)?;
-                route.peers[peer as usize] = Some((*address, ah));
-                s.ranks.insert((address.port.lid, address.qpn.0), peer);
-            }
+        for (peer, routes) in (0u32..).zip(table) {
+            let endpoints = UdEndpoints {
+                qkey: self.qkey,
+                routes: routes.clone(),
+            };
+            self.add_peer(&mut guard, peer, &endpoints)?;
         }
         Ok(())
+    }
+
+    /// Enters `peer`'s endpoints in the table (not this rank, nor a rank out of range, nor
+    /// one already known).
+    fn add_peer(
+        &self,
+        s: &mut State<P>,
+        peer: u32,
+        endpoints: &UdEndpoints,
+    ) -> Result<(), VerbsError> {
+        if peer == self.rank || peer >= self.size || s.known[peer as usize] {
+            return Ok(());
+        }
+        if endpoints.routes.is_empty() {
+            return Err(VerbsError::InvalidSetting(format!(
+                "rank {peer} published no UD route"
+            )));
+        }
+        for (route, address) in s.routes.iter_mut().zip(&endpoints.routes) {
+            let ah = route.provider.create_ah(address.port)?;
+            route.peers[peer as usize] = Some(PeerRoute {
+                address: *address,
+                ah,
+                qkey: endpoints.qkey,
+            });
+            s.ranks.insert((address.port.lid, address.qpn.0), peer);
+        }
+        s.known[peer as usize] = true;
+        Ok(())
+    }
+
+    /// Looks `rank` up in the directory (if there is one, and it was not asked in vain just
+    /// now) and enters it in the table. True if it is known afterwards.
+    fn discover(&self, rank: u32) -> bool {
+        let Some(d) = &self.discovery else {
+            return false;
+        };
+        if rank == self.rank || rank >= self.size || d.failed.recently_failed(rank) {
+            return false;
+        }
+        self.lock().counters.lookups += 1;
+        let added = d.directory.lookup_ud(rank).and_then(|endpoints| {
+            let mut guard = self.lock();
+            self.add_peer(&mut guard, rank, &endpoints)
+                .map_err(TransportError::from)
+        });
+        match added {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(rank = self.rank, peer = rank, error = %e, "UD peer lookup failed");
+                d.failed.remember(rank);
+                false
+            }
+        }
+    }
+
+    /// Identifies the datagrams from unknown queue pairs (looking the ranks they claim up in
+    /// the directory): link packets go to `link`, with their sender if the claim checks
+    /// out; connection messages whose claim checks out go to the control queue.
+    fn identify(&self, strangers: Vec<Received>, link: &mut Vec<Datagram>) {
+        let claims: Vec<Option<u32>> = strangers.iter().map(|d| self.claimed(d)).collect();
+        for &claimed in claims.iter().flatten() {
+            let known = self.lock().known.get(claimed as usize).copied();
+            if known == Some(false) {
+                self.discover(claimed);
+            }
+        }
+        let mut s = self.lock();
+        for (d, claimed) in strangers.into_iter().zip(claims) {
+            let from = d
+                .source
+                .and_then(|a| s.ranks.get(&(a.port.lid, a.qpn.0)).copied())
+                .filter(|r| Some(*r) == claimed);
+            match (d.kind, from) {
+                (KIND_LINK, _) => link.push(Datagram {
+                    route: d.route,
+                    from,
+                    bytes: d.bytes,
+                }),
+                (_, Some(from)) => s.control.push_back((from, d.bytes.slice(4..))),
+                // Control messages from strangers are dropped.
+                (_, None) => {}
+            }
+        }
+    }
+
+    /// The rank a datagram from an unknown queue pair claims to come from: a link packet's
+    /// source if it carries this job's key, a connection message's sender. None without a
+    /// directory to check the claim against.
+    fn claimed(&self, d: &Received) -> Option<u32> {
+        let discovery = self.discovery.as_ref()?;
+        match d.kind {
+            KIND_LINK => crate::link::packet_sender(&d.bytes)
+                .filter(|(key, _)| *key == discovery.job_key)
+                .map(|(_, source)| source),
+            _ => control_sender(&d.bytes),
+        }
     }
 
     /// Its counters.
@@ -220,7 +389,12 @@ impl<P: Provider> UdCarrier<P> {
     pub fn send_control(&self, to: u32, message: &[u8]) -> Result<(), TransportError> {
         let mut last = TransportError::PeerUnreachable(to as usize);
         for route in 0..self.routes() {
-            match self.send_kind(route, to, KIND_CONTROL, &[message]) {
+            match self.send_kind(
+                route,
+                to,
+                KIND_CONTROL,
+                &[&self.rank.to_le_bytes(), message],
+            ) {
                 Ok(()) => return Ok(()),
                 Err(e) => last = e,
             }
@@ -245,11 +419,16 @@ impl<P: Provider> UdCarrier<P> {
         }
         let len = 1 + parts.iter().map(|p| p.len()).sum::<usize>();
         let mut guard = self.lock();
+        if self.discovery.is_some() && guard.known.get(to as usize) == Some(&false) {
+            drop(guard);
+            self.discover(to);
+            guard = self.lock();
+        }
         let s = &mut *guard;
         let Some(r) = s.routes.get_mut(route) else {
             return Err(TransportError::PeerUnreachable(to as usize));
         };
-        let Some(Some((dest, ah))) = r.peers.get(to as usize).copied() else {
+        let Some(Some(dest)) = r.peers.get(to as usize).copied() else {
             return Err(TransportError::PeerUnreachable(to as usize));
         };
         if len > r.mtu {
@@ -260,15 +439,8 @@ impl<P: Provider> UdCarrier<P> {
         }
         if r.free_send.is_empty() {
             // Reclaim the buffers of completed sends first (keeping what was received).
-            let got = Self::poll_route(
-                r,
-                route,
-                &mut s.completions,
-                &mut s.counters,
-                &s.ranks,
-                &mut s.control,
-            );
-            s.pending.extend(got);
+            let got = Self::poll_route(r, route, &mut s.completions, &mut s.counters, &s.ranks);
+            s.file(got);
         }
         let Some(r) = s.routes.get_mut(route) else {
             return Err(TransportError::PeerUnreachable(to as usize));
@@ -295,9 +467,9 @@ impl<P: Provider> UdCarrier<P> {
                     SendRequest {
                         wr_id: WR_SEND | u64::from(slot),
                         op: SendOp::SendTo {
-                            ah,
-                            qpn: dest.qpn,
-                            qkey: self.qkey,
+                            ah: dest.ah,
+                            qpn: dest.address.qpn,
+                            qkey: dest.qkey,
                             imm: None,
                         },
                         local: Some(Sge {
@@ -324,17 +496,16 @@ impl<P: Provider> UdCarrier<P> {
         }
     }
 
-    /// Takes one route's completions: frees send buffers, reposts receive buffers, and files
-    /// received datagrams (link packets into `link`, control messages into `control`).
+    /// Takes one route's completions: frees send buffers, reposts receive buffers, and
+    /// returns the datagrams received (for [`State::file`]).
     fn poll_route(
         r: &mut Route<P>,
         route: usize,
         scratch: &mut Vec<Completion>,
         counters: &mut UdCounters,
         ranks: &FxHashMap<(u16, u32), u32>,
-        control: &mut VecDeque<(u32, Bytes)>,
-    ) -> Vec<Datagram> {
-        let mut link = Vec::new();
+    ) -> Vec<Received> {
+        let mut received = Vec::new();
         loop {
             scratch.clear();
             let n = match r.provider.poll_completions(scratch, 64) {
@@ -397,23 +568,50 @@ impl<P: Provider> UdCarrier<P> {
                     .source
                     .and_then(|a| ranks.get(&(a.port.lid, a.qpn.0)).copied());
                 let kind = bytes.remove(0);
-                match (kind, from) {
-                    (KIND_LINK, _) => link.push(Datagram {
-                        route,
-                        from,
-                        bytes: Bytes::from(bytes),
-                    }),
-                    (KIND_CONTROL, Some(from)) => control.push_back((from, Bytes::from(bytes))),
-                    // Control messages from strangers are dropped.
-                    (KIND_CONTROL, None) => {}
-                    _ => counters.malformed += 1,
+                if kind != KIND_LINK && kind != KIND_CONTROL {
+                    counters.malformed += 1;
+                    continue;
                 }
+                received.push(Received {
+                    route,
+                    kind,
+                    source: c.source,
+                    from,
+                    bytes: Bytes::from(bytes),
+                });
             }
             if n == 0 {
-                return link;
+                return received;
             }
         }
     }
+}
+
+impl<P> State<P> {
+    /// Files received datagrams: a known sender's link packets for the next `recv`, its
+    /// connection messages (without the sender's rank in front) in the control queue, and
+    /// unknown senders' datagrams for identification.
+    fn file(&mut self, received: Vec<Received>) {
+        for d in received {
+            match (d.kind, d.from) {
+                (KIND_LINK, Some(from)) => self.pending.push(Datagram {
+                    route: d.route,
+                    from: Some(from),
+                    bytes: d.bytes,
+                }),
+                (_, Some(from)) => match control_sender(&d.bytes) {
+                    Some(_) => self.control.push_back((from, d.bytes.slice(4..))),
+                    None => self.counters.malformed += 1,
+                },
+                (_, None) => self.strangers.push(d),
+            }
+        }
+    }
+}
+
+/// The sender's rank in front of a connection message, if there are four bytes for it.
+fn control_sender(bytes: &[u8]) -> Option<u32> {
+    Some(u32::from_le_bytes(bytes.get(..4)?.try_into().ok()?))
 }
 
 impl<P: Provider> Carrier for UdCarrier<P> {
@@ -436,23 +634,28 @@ impl<P: Provider> Carrier for UdCarrier<P> {
         let mut guard = self.lock();
         let s = &mut *guard;
         let before = out.len();
-        out.append(&mut s.pending);
-        for (route, r) in s.routes.iter_mut().enumerate() {
-            out.extend(Self::poll_route(
-                r,
+        for route in 0..s.routes.len() {
+            let got = Self::poll_route(
+                &mut s.routes[route],
                 route,
                 &mut s.completions,
                 &mut s.counters,
                 &s.ranks,
-                &mut s.control,
-            ));
+            );
+            s.file(got);
+        }
+        out.append(&mut s.pending);
+        let strangers = std::mem::take(&mut s.strangers);
+        drop(guard);
+        if !strangers.is_empty() {
+            self.identify(strangers, out);
         }
         Ok(out.len() - before)
     }
 
     fn poll_recv_ready(&self, cx: &mut Context<'_>) -> Poll<()> {
         let s = self.lock();
-        if !s.control.is_empty() || !s.pending.is_empty() {
+        if !s.control.is_empty() || !s.pending.is_empty() || !s.strangers.is_empty() {
             return Poll::Ready(());
         }
         let mut ready = false;
