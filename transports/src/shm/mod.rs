@@ -584,10 +584,17 @@ impl ShmRank {
     }
 
     /// Sends what waits for ring space.
+    #[inline]
     fn flush_queued(&self) {
-        if self.queued_peers.load(Ordering::Acquire) == 0 {
-            return;
+        if self.queued_peers.load(Ordering::Acquire) != 0 {
+            self.flush_queued_peers();
         }
+    }
+
+    /// [`flush_queued`](Self::flush_queued) once some peer has records queued.
+    #[cold]
+    #[inline(never)]
+    fn flush_queued_peers(&self) {
         for peer in self.connected_peers() {
             if peer.gone.load(Ordering::Acquire) {
                 continue;
@@ -614,17 +621,8 @@ impl ShmRank {
             // Another thread is reading; it will deliver what is there.
             return 0;
         };
-        // Senders that registered since the last look.
-        let mut fresh = Vec::new();
-        let known = inbound.known;
-        inbound.known = self.own.senders_from(known, &mut fresh);
-        for sender in fresh.into_iter().flatten() {
-            if sender == self.me.rank || inbound.rings.iter().any(|r| r.sender() == sender) {
-                continue;
-            }
-            if let Some(r) = Inbound::new(&self.own, sender) {
-                inbound.rings.push(r);
-            }
+        if self.own.has_senders_beyond(inbound.known) {
+            self.add_senders(&mut inbound);
         }
         let before = out.len();
         let mut effects = Vec::new();
@@ -687,6 +685,22 @@ impl ShmRank {
         inbound.frames_received += (out.len() - before) as u64;
         out.extend(lost.into_iter().map(|rank| Arrival::PeerLost { rank }));
         out.len() - before
+    }
+
+    /// Starts reading the rings of senders that registered since the last look.
+    #[cold]
+    #[inline(never)]
+    fn add_senders(&self, inbound: &mut InboundSet) {
+        let mut fresh = Vec::new();
+        inbound.known = self.own.senders_from(inbound.known, &mut fresh);
+        for sender in fresh.into_iter().flatten() {
+            if sender == self.me.rank || inbound.rings.iter().any(|r| r.sender() == sender) {
+                continue;
+            }
+            if let Some(r) = Inbound::new(&self.own, sender) {
+                inbound.rings.push(r);
+            }
+        }
     }
 
     /// Peers that are gone and not yet reported (cheap when there are none).
@@ -799,11 +813,22 @@ impl Transport for ShmRank {
     }
 
     fn drain(&self, out: &mut Vec<Arrival>) -> Result<usize, TransportError> {
-        let mut n = self.loopback.drain_into(out);
+        let mut n = 0;
+        if !self.loopback.is_empty() {
+            n += self.loopback.drain_into(out);
+        }
         self.flush_queued();
-        let gone = self.gone_unreported();
+        // Peers found gone before their rings are read (so everything they wrote is
+        // delivered before their loss): rare, hence the check first.
+        let gone = if self.unreported.load(Ordering::Acquire) == 0 {
+            Vec::new()
+        } else {
+            self.gone_unreported()
+        };
         n += self.read_rings(out, false);
-        n += self.report_lost(gone, out);
+        if !gone.is_empty() {
+            n += self.report_lost(gone, out);
+        }
         Ok(n)
     }
 

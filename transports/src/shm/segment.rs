@@ -328,6 +328,13 @@ impl Segment {
         i
     }
 
+    /// Whether more than `known` senders have started registering (one load): then
+    /// [`senders_from`](Self::senders_from) has news.
+    pub(crate) fn has_senders_beyond(&self, known: usize) -> bool {
+        (self.sender_count().load(Ordering::Acquire) as usize).min(self.owner.world as usize)
+            > known
+    }
+
     /// Whether any registered sender's ring holds records not yet released by the owner (a
     /// lock-free look: two loads per sender that has registered).
     pub(crate) fn has_unread(&self) -> bool {
