@@ -13,8 +13,9 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 
-/// Buffers smaller than this come from the allocator directly: they are cheap to get.
-pub const POOLED_FROM: usize = 64 * 1024;
+/// Buffers smaller than this come from the allocator directly: they are cheap to get. (Below
+/// 64 KiB, so that a maximal UDP datagram's buffer, 65 508 bytes, is pooled.)
+pub const POOLED_FROM: usize = 32 * 1024;
 
 /// Bytes of buffers the pool keeps at most (beyond that, returned buffers are freed).
 const KEEP_BYTES: usize = 256 * 1024 * 1024;
@@ -92,8 +93,7 @@ impl BufferPool {
     }
 
     /// Bytes of buffers kept for reuse.
-    #[cfg(test)]
-    fn kept(&self) -> usize {
+    pub fn kept(&self) -> usize {
         self.inner.lock().unwrap_or_else(|p| p.into_inner()).kept
     }
 }

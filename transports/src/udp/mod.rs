@@ -10,7 +10,10 @@
 //! * A datagram is sent with one `sendmsg` from its parts (header and payload are never joined).
 //! * Receiving drains each socket until it would block. Datagrams up to
 //!   [`COPY_THRESHOLD`] bytes are copied out of a reused buffer; longer ones keep the buffer they
-//!   were received into, so large payloads are never copied in user space.
+//!   were received into, so large payloads are never copied in user space. Those buffers come
+//!   from a [`BufferPool`] and go back to it when the layers above drop the datagram (once its
+//!   fragment is reassembled): a stream of large datagrams reuses a few buffers instead of
+//!   allocating, faulting in and freeing 64 KiB for each.
 //! * Only datagrams from addresses of known peers are attributed to a rank; anything else is
 //!   handed up with `from: None` and dropped there as foreign.
 //! * Peers are learnt on demand in multi-process jobs ([`UdpCarrier::with_directory`]): the
@@ -29,7 +32,7 @@ use std::task::{Context, Poll};
 
 use std::sync::Arc;
 
-use bytes::BytesMut;
+use rankweave_core::buffer_pool::BufferPool;
 use rankweave_core::{
     Carrier, Communicator, Config, Datagram, Error, Transport, TransportError, TransportKind,
 };
@@ -102,7 +105,9 @@ pub struct UdpCarrier {
     closed: AtomicBool,
     /// The buffer the next datagram is received into (`max_datagram + 1` bytes, so a longer
     /// datagram shows up as one byte too long instead of silently truncated).
-    scratch: Mutex<BytesMut>,
+    scratch: Mutex<Vec<u8>>,
+    /// Where `scratch` comes from, and goes back to once a large datagram is dropped.
+    buffers: Arc<BufferPool>,
     discovery: Option<Discovery>,
 }
 
@@ -128,7 +133,8 @@ impl UdpCarrier {
             peers: RwLock::new(PeerTable::default()),
             max_datagram,
             closed: AtomicBool::new(false),
-            scratch: Mutex::new(BytesMut::with_capacity(max_datagram + 1)),
+            scratch: Mutex::new(Vec::new()),
+            buffers: Arc::default(),
             discovery: None,
         })
     }
@@ -281,10 +287,14 @@ impl Carrier for UdpCarrier {
         let mut scratch = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
         for (route, socket) in self.sockets.iter().enumerate() {
             loop {
-                if scratch.capacity() < self.max_datagram + 1 {
-                    *scratch = BytesMut::with_capacity(self.max_datagram + 1);
+                let cap = self.max_datagram + 1;
+                if scratch.capacity() < cap {
+                    *scratch = self.buffers.take(cap).ok_or_else(|| TransportError::Io {
+                        op: "UDP receive",
+                        message: format!("no memory for a {cap}-byte receive buffer"),
+                    })?;
                 }
-                let Some((n, addr)) = socket.recv_into(&mut scratch, self.max_datagram + 1)? else {
+                let Some((n, addr)) = socket.recv_into(&mut scratch, cap)? else {
                     break;
                 };
                 let bytes = if n <= COPY_THRESHOLD {
@@ -292,7 +302,7 @@ impl Carrier for UdpCarrier {
                     scratch.clear();
                     b
                 } else {
-                    scratch.split().freeze()
+                    self.buffers.freeze(std::mem::take(&mut *scratch))
                 };
                 let from = self.rank_of(&addr).or_else(|| self.identify(&addr, &bytes));
                 out.push(Datagram { route, from, bytes });

@@ -5,7 +5,6 @@ use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::task::{Context, Poll};
 
-use bytes::BytesMut;
 use rankweave_core::TransportError;
 use socket2::{Domain, Protocol, SockAddr, SockRef, Socket, Type};
 use tokio::net::UdpSocket;
@@ -81,11 +80,12 @@ impl RouteSocket {
             .map_err(|e| io_error("UDP send", e))
     }
 
-    /// Receives one datagram into `buf` (cleared first; at most `cap` bytes). `None` when
+    /// Receives one datagram into the spare capacity of `buf` (cleared first; at most `cap`
+    /// bytes, which `buf` must have room for), returning its length and sender, or `None` when
     /// nothing is waiting.
     pub fn recv_into(
         &self,
-        buf: &mut BytesMut,
+        buf: &mut Vec<u8>,
         cap: usize,
     ) -> Result<Option<(usize, SocketAddr)>, TransportError> {
         buf.clear();

@@ -46,6 +46,42 @@ async fn large_datagrams_keep_their_buffer_and_small_ones_are_copied() {
 }
 
 #[tokio::test]
+async fn a_dropped_large_datagram_lends_its_buffer_to_the_next() {
+    let (a, b) = pair();
+    let first = vec![1u8; 60_000];
+    a.send(0, 1, &[&first]).unwrap();
+    let got = recv_n(&b, 1);
+    assert_eq!(&got[0].bytes[..], &first[..]);
+    let addr = got[0].bytes.as_ptr();
+    // Still held: the next datagram needs a buffer of its own.
+    let second = vec![2u8; 60_000];
+    a.send(0, 1, &[&second]).unwrap();
+    let held = recv_n(&b, 1);
+    let addrs = [addr, held[0].bytes.as_ptr()];
+    assert_ne!(addrs[0], addrs[1]);
+    assert_eq!(&held[0].bytes[..], &second[..]);
+    assert_eq!(b.buffers.kept(), 0);
+    drop(got);
+    drop(held);
+    assert_eq!(
+        b.buffers.kept(),
+        2 << 16,
+        "both 64 KiB buffers are back in the pool"
+    );
+    // Both went back to the pool (the carrier holds a third as its next receive buffer): of
+    // the next two receives, one lands in one of them.
+    let third = vec![3u8; 60_000];
+    a.send(0, 1, &[&third]).unwrap();
+    a.send(0, 1, &[&third]).unwrap();
+    let again = recv_n(&b, 2);
+    assert!(
+        again.iter().any(|d| addrs.contains(&d.bytes.as_ptr())),
+        "a pooled buffer is reused"
+    );
+    assert!(again.iter().all(|d| d.bytes[..] == third[..]));
+}
+
+#[tokio::test]
 async fn unknown_senders_are_not_attributed() {
     let (_a, b) = pair();
     let stranger = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
