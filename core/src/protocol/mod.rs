@@ -642,6 +642,11 @@ impl Endpoint {
         self.events.pop_front()
     }
 
+    /// Drops the events not polled yet (a driver with nobody waiting for them).
+    pub fn discard_events(&mut self) {
+        self.events.clear();
+    }
+
     /// The transport could not reach world rank `rank`: treat it as lost.
     pub fn peer_unreachable(&mut self, rank: u32) {
         self.peer_lost(rank);

@@ -199,11 +199,12 @@ impl Driver {
                 st.endpoint.peer_unreachable(to);
             }
         }
+        if st.wakers.is_empty() && st.probe_wakers.is_empty() {
+            // Nobody is parked (the busy-polling case): events need no translation.
+            st.endpoint.discard_events();
+            return;
+        }
         while let Some(ev) = st.endpoint.poll_event() {
-            if st.wakers.is_empty() && st.probe_wakers.is_empty() {
-                // Nobody is parked (the busy-polling case): events need no translation.
-                continue;
-            }
             let w = match ev {
                 Event::RecvDone(id) => st.wakers.remove(&Waiting::Recv(id)),
                 Event::SendDone(id) => st.wakers.remove(&Waiting::Send(id)),
