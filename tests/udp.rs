@@ -354,7 +354,7 @@ async fn foreign_and_random_datagrams_are_dropped_and_counted() {
         source: 0,
         destination: 1,
         body: rankweave_core::reliability::PacketBody::Raw {
-            payload: Bytes::from_static(b"hi"),
+            payload: Bytes::from_static(b"hi").into(),
         },
     }
     .encode();

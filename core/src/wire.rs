@@ -232,6 +232,15 @@ pub fn encode_header(header: &Header, payload_len: usize, out: &mut impl BufMut)
     out.put_u64_le(u64::try_from(payload_len).unwrap_or(u64::MAX));
 }
 
+/// Encodes a frame's header (for a payload of the frame's length) into a buffer of its own:
+/// sent gathered with the payload, it makes the same bytes as [`encode`] without copying the
+/// payload.
+pub fn encode_head(frame: &Frame) -> Bytes {
+    let mut out = BytesMut::with_capacity(encoded_len(&frame.header));
+    encode_header(&frame.header, frame.payload.len(), &mut out);
+    out.freeze()
+}
+
 /// Encodes a whole frame, header then payload, into one buffer (one copy of the payload).
 pub fn encode(frame: &Frame) -> Bytes {
     let mut out = BytesMut::with_capacity(encoded_len(&frame.header) + frame.payload.len());

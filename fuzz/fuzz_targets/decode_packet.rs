@@ -33,7 +33,9 @@ fn check(data: &[u8]) {
     packet.write_header(&mut gathered);
     assert_eq!(gathered.len(), packet.header_len());
     if let Some(payload) = packet.payload() {
-        gathered.extend_from_slice(payload);
+        for part in payload.parts() {
+            gathered.extend_from_slice(part);
+        }
     }
     assert_eq!(gathered, &encoded[..], "write_header + payload == encode");
     let again = Packet::decode(&encoded, key).expect("a re-encoded packet decodes");

@@ -44,7 +44,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use rankweave_core::reliability::{
-    LinkConfig, LinkEvent, Packet, PacketBody, PacketError, ReliableLink,
+    LinkConfig, LinkEvent, Packet, PacketBody, PacketError, PacketPayload, ReliableLink,
 };
 use rankweave_core::stats::{RouteCounters, TransportStats};
 use rankweave_core::{Arrival, Capabilities, Carrier, Datagram, Transport, TransportError, wire};
@@ -321,7 +321,7 @@ impl<C: Carrier> Shared<C> {
                     r.frames_received += 1;
                     r.bytes_received += d.bytes.len() as u64;
                 }
-                let payload = payload.clone();
+                let payload = payload.clone().into_bytes();
                 self.deliver(st, from, payload);
                 None
             }
@@ -382,10 +382,13 @@ impl<C: Carrier> Shared<C> {
         }
         while let Some(t) = link.poll_transmit(now) {
             t.packet.write_header(&mut st.header);
-            let payload = t.packet.payload().map_or(&[][..], |p| &p[..]);
+            let [head, body] = t
+                .packet
+                .payload()
+                .map_or([&[][..]; 2], PacketPayload::parts);
             if self
                 .carrier
-                .send(t.route, peer, &[&st.header, payload])
+                .send(t.route, peer, &[&st.header, head, body])
                 .is_err()
             {
                 st.counters.send_errors += 1;
@@ -527,7 +530,8 @@ impl<C: Carrier> Transport for LinkTransport<C> {
         if sh.closed.load(Ordering::Relaxed) {
             return Err(TransportError::Closed);
         }
-        let bytes = wire::encode(&frame);
+        // Header and payload stay apart down to the gathered send: no copy of the payload.
+        let payload = PacketPayload::new(wire::encode_head(&frame), frame.payload);
         let mut st = sh.lock();
         if st.lost.contains(&to) {
             // Dropped: its `PeerLost` is queued behind what it sent (see `Transport::send`).
@@ -535,7 +539,7 @@ impl<C: Carrier> Transport for LinkTransport<C> {
         }
         if sh.config.reliability {
             let now = Instant::now();
-            sh.link(&mut st.links, to).send(now, bytes);
+            sh.link(&mut st.links, to).send(now, payload);
             sh.service(&mut st, now, to);
             return Ok(());
         }
@@ -543,13 +547,13 @@ impl<C: Carrier> Transport for LinkTransport<C> {
             job_key: sh.config.job_key,
             source: sh.config.rank,
             destination: to,
-            body: PacketBody::Raw { payload: bytes },
+            body: PacketBody::Raw { payload },
         };
         let st = &mut *st;
         packet.write_header(&mut st.header);
-        let payload = packet.payload().map_or(&[][..], |p| &p[..]);
-        let len = st.header.len() + payload.len();
-        sh.carrier.send(0, to, &[&st.header, payload])?;
+        let [head, body] = packet.payload().map_or([&[][..]; 2], PacketPayload::parts);
+        let len = st.header.len() + head.len() + body.len();
+        sh.carrier.send(0, to, &[&st.header, head, body])?;
         if let Some(r) = st.counters.raw.get_mut(0) {
             r.frames_sent += 1;
             r.bytes_sent += len as u64;

@@ -106,7 +106,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 pub use liveness::Liveness;
-pub use packet::{AckInfo, Packet, PacketBody, PacketError};
+pub use packet::{AckInfo, Packet, PacketBody, PacketError, PacketPayload};
 pub use paths::{PathScheduler, RouteChange, RouteStats};
 pub use receive_window::{Arrival, ReceiveWindow};
 pub use retransmit::{QueueEvent, RetransmitQueue};
@@ -318,7 +318,7 @@ pub struct ReliableLink {
     sent: RetransmitQueue,
     received: ReceiveWindow,
     paths: PathScheduler,
-    unsent: VecDeque<Bytes>,
+    unsent: VecDeque<PacketPayload>,
     next_seq: u64,
     peer_window_end: u64,
     ack: AckState,
@@ -448,11 +448,11 @@ impl ReliableLink {
     /// Queues `payload` for reliable, in-order delivery to the peer. It goes out from
     /// [`poll_transmit`](Self::poll_transmit) when the window allows (never, once the peer is
     /// dead).
-    pub fn send(&mut self, now: Instant, payload: Bytes) {
+    pub fn send(&mut self, now: Instant, payload: impl Into<PacketPayload>) {
         if self.is_idle() {
             self.liveness.on_await_start(now);
         }
-        self.unsent.push_back(payload);
+        self.unsent.push_back(payload.into());
     }
 
     /// This side is closing: say BYE to the peer (at the next [`poll_transmit`](Self::poll_transmit))
@@ -526,7 +526,7 @@ impl ReliableLink {
                 payload,
             } => {
                 self.last_data_route = Some(route);
-                self.on_data(now, seq, payload);
+                self.on_data(now, seq, payload.into_bytes());
                 let piggybacked = AckInfo {
                     cumulative: ack,
                     window_end,
@@ -687,7 +687,7 @@ impl ReliableLink {
 
     /// A DATA packet with the current acknowledgement piggybacked; it satisfies a pending
     /// delayed ACK.
-    fn data(&mut self, route: usize, seq: u64, payload: Bytes) -> Transmit {
+    fn data(&mut self, route: usize, seq: u64, payload: PacketPayload) -> Transmit {
         let window_end = self.received.window_end();
         if self.ack.pending > 0 || self.ack.window_update {
             self.stats.acks_piggybacked += 1;

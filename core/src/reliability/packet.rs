@@ -139,6 +139,77 @@ pub struct Packet {
     pub body: PacketBody,
 }
 
+/// The bytes a DATA or RAW packet carries after its header, as a head and a body: a frame's
+/// encoded header and its payload travel in one gathered send without being joined (no copy of
+/// the payload on the sending side). A decoded packet has it all in the body. Two payloads are
+/// equal when their bytes are, however they are split.
+#[derive(Clone, Debug, Default)]
+pub struct PacketPayload {
+    /// The first bytes (typically a frame header; often empty).
+    pub head: Bytes,
+    /// The rest.
+    pub body: Bytes,
+}
+
+impl PacketPayload {
+    /// A payload of `head` followed by `body`.
+    pub fn new(head: Bytes, body: Bytes) -> Self {
+        PacketPayload { head, body }
+    }
+
+    /// Its length in bytes.
+    pub fn len(&self) -> usize {
+        self.head.len() + self.body.len()
+    }
+
+    /// Whether it is empty.
+    pub fn is_empty(&self) -> bool {
+        self.head.is_empty() && self.body.is_empty()
+    }
+
+    /// The two parts, to send gathered.
+    pub fn parts(&self) -> [&[u8]; 2] {
+        [&self.head, &self.body]
+    }
+
+    /// The bytes as one buffer: the body itself when the head is empty (always so for a
+    /// received packet), else a joined copy.
+    pub fn into_bytes(self) -> Bytes {
+        if self.head.is_empty() {
+            return self.body;
+        }
+        let mut joined = Vec::with_capacity(self.len());
+        joined.extend_from_slice(&self.head);
+        joined.extend_from_slice(&self.body);
+        Bytes::from(joined)
+    }
+
+    /// The byte at `i`, if any.
+    fn byte(&self, i: usize) -> Option<u8> {
+        match i.checked_sub(self.head.len()) {
+            None => self.head.get(i).copied(),
+            Some(j) => self.body.get(j).copied(),
+        }
+    }
+}
+
+impl From<Bytes> for PacketPayload {
+    fn from(body: Bytes) -> Self {
+        PacketPayload {
+            head: Bytes::new(),
+            body,
+        }
+    }
+}
+
+impl PartialEq for PacketPayload {
+    fn eq(&self, other: &Self) -> bool {
+        self.len() == other.len() && (0..self.len()).all(|i| self.byte(i) == other.byte(i))
+    }
+}
+
+impl Eq for PacketPayload {}
+
 /// What a packet carries.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PacketBody {
@@ -153,7 +224,7 @@ pub enum PacketBody {
         /// this from the packet's destination.
         window_end: u64,
         /// The payload.
-        payload: Bytes,
+        payload: PacketPayload,
     },
     /// Acknowledgement information.
     Ack(AckInfo),
@@ -161,7 +232,7 @@ pub enum PacketBody {
     /// transports running with reliability off.
     Raw {
         /// The payload.
-        payload: Bytes,
+        payload: PacketPayload,
     },
     /// A route probe: the receiver answers with a [`Pong`](PacketBody::Pong) of the same nonce on
     /// the route it arrived on.
@@ -300,17 +371,24 @@ impl Packet {
     }
 
     /// A RAW packet (reliability off) carrying `payload` from `source` to `destination`.
-    pub fn raw(job_key: u64, source: u32, destination: u32, payload: Bytes) -> Packet {
+    pub fn raw(
+        job_key: u64,
+        source: u32,
+        destination: u32,
+        payload: impl Into<PacketPayload>,
+    ) -> Packet {
         Packet {
             job_key,
             source,
             destination,
-            body: PacketBody::Raw { payload },
+            body: PacketBody::Raw {
+                payload: payload.into(),
+            },
         }
     }
 
     /// The payload that follows the header on the wire (DATA and RAW), else `None`.
-    pub fn payload(&self) -> Option<&Bytes> {
+    pub fn payload(&self) -> Option<&PacketPayload> {
         match &self.body {
             PacketBody::Data { payload, .. } | PacketBody::Raw { payload } => Some(payload),
             PacketBody::Ack(_)
@@ -333,7 +411,7 @@ impl Packet {
 
     /// Bytes [`encode`](Self::encode) produces for this packet.
     pub fn encoded_len(&self) -> usize {
-        self.header_len() + self.payload().map_or(0, Bytes::len)
+        self.header_len() + self.payload().map_or(0, PacketPayload::len)
     }
 
     /// Writes the packet without its payload into `out` (cleared first): for DATA and RAW the
@@ -365,8 +443,9 @@ impl Packet {
         out.extend_from_slice(&self.job_key.to_le_bytes());
         out.extend_from_slice(&self.source.to_le_bytes());
         out.extend_from_slice(&self.destination.to_le_bytes());
-        let payload_len = |p: &Bytes| u32::try_from(p.len()).expect("payload longer than u32::MAX");
-        let mut crc_payload: &[u8] = &[];
+        let payload_len =
+            |p: &PacketPayload| u32::try_from(p.len()).expect("payload longer than u32::MAX");
+        let mut crc_payload: [&[u8]; 2] = [&[], &[]];
         match &self.body {
             PacketBody::Data {
                 seq,
@@ -379,7 +458,7 @@ impl Packet {
                 out.extend_from_slice(&window_end.to_le_bytes());
                 out.extend_from_slice(&payload_len(payload).to_le_bytes());
                 out.extend_from_slice(&[0; 4]);
-                crc_payload = payload;
+                crc_payload = payload.parts();
             }
             PacketBody::Ack(ack) => {
                 let words = &ack.selective[..ack.selective.len().min(MAX_SACK_WORDS)];
@@ -401,7 +480,12 @@ impl Packet {
             }
             PacketBody::Bye => out.extend_from_slice(&[0; 8]),
         }
-        let crc = checksum_parts(&[&out[..CRC_RANGE.start], &out[CRC_RANGE.end..], crc_payload]);
+        let crc = checksum_parts(&[
+            &out[..CRC_RANGE.start],
+            &out[CRC_RANGE.end..],
+            crc_payload[0],
+            crc_payload[1],
+        ]);
         out[CRC_RANGE].copy_from_slice(&crc.to_le_bytes());
     }
 
@@ -415,7 +499,8 @@ impl Packet {
         let mut buf = Vec::with_capacity(self.encoded_len());
         self.write_header(&mut buf);
         if let Some(payload) = self.payload() {
-            buf.extend_from_slice(payload);
+            buf.extend_from_slice(&payload.head);
+            buf.extend_from_slice(&payload.body);
         }
         Bytes::from(buf)
     }
@@ -522,7 +607,7 @@ impl Packet {
                     seq,
                     ack: u64_at(b, 32),
                     window_end: u64_at(b, 40),
-                    payload: buf.slice(DATA_HEADER_LEN..),
+                    payload: buf.slice(DATA_HEADER_LEN..).into(),
                 }
             }
             KIND_ACK => {
@@ -538,7 +623,7 @@ impl Packet {
                 })
             }
             KIND_RAW => PacketBody::Raw {
-                payload: buf.slice(RAW_HEADER_LEN..),
+                payload: buf.slice(RAW_HEADER_LEN..).into(),
             },
             KIND_PING => PacketBody::Ping {
                 nonce: u64_at(b, 24),
@@ -576,7 +661,7 @@ mod tests {
             seq,
             ack: 3,
             window_end: 260,
-            payload: Bytes::from_static(payload),
+            payload: Bytes::from_static(payload).into(),
         })
     }
 
@@ -585,7 +670,11 @@ mod tests {
         let mut out = vec![0xEE; 3]; // stale contents are cleared
         p.write_header(&mut out);
         assert_eq!(out.len(), p.header_len());
-        out.extend_from_slice(p.payload().map_or(&[][..], |b| &b[..]));
+        if let Some(payload) = p.payload() {
+            for part in payload.parts() {
+                out.extend_from_slice(part);
+            }
+        }
         out
     }
 
@@ -600,7 +689,34 @@ mod tests {
         let PacketBody::Data { payload, .. } = q.body else {
             unreachable!()
         };
-        assert_eq!(payload.as_ptr(), buf[DATA_HEADER_LEN..].as_ptr());
+        assert!(payload.head.is_empty());
+        assert_eq!(payload.body.as_ptr(), buf[DATA_HEADER_LEN..].as_ptr());
+    }
+
+    #[test]
+    fn a_split_payload_goes_out_as_if_joined() {
+        let joined = data(5, b"headbody");
+        let split = packet(PacketBody::Data {
+            seq: 5,
+            ack: 3,
+            window_end: 260,
+            payload: PacketPayload::new(Bytes::from_static(b"head"), Bytes::from_static(b"body")),
+        });
+        assert_eq!(split, joined, "equal bytes, however split");
+        assert_eq!(split.encode(), joined.encode(), "same bytes, same CRC");
+        assert_eq!(gathered(&split), joined.encode().to_vec());
+        assert_eq!(Packet::decode(&split.encode(), 7).unwrap(), joined);
+        let other = packet(PacketBody::Data {
+            seq: 5,
+            ack: 3,
+            window_end: 260,
+            payload: PacketPayload::new(Bytes::from_static(b"head"), Bytes::from_static(b"bodz")),
+        });
+        assert_ne!(other, joined);
+        assert_eq!(
+            PacketPayload::new(Bytes::from_static(b"ab"), Bytes::from_static(b"c")).into_bytes(),
+            Bytes::from_static(b"abc")
+        );
     }
 
     #[test]
@@ -633,7 +749,7 @@ mod tests {
         let mut flipped = buf.to_vec();
         *flipped.last_mut().unwrap() ^= 1;
         let q = Packet::decode(&Bytes::from(flipped), 7).unwrap();
-        assert_eq!(q.payload().unwrap().as_ref(), b"unreliabld");
+        assert_eq!(q.payload().unwrap().body.as_ref(), b"unreliabld");
         // ...but a flipped header byte does not.
         let mut flipped = buf.to_vec();
         flipped[17] ^= 1;
@@ -746,7 +862,7 @@ mod tests {
                     seq: seq.max(1),
                     ack,
                     window_end,
-                    payload: Bytes::from(p),
+                    payload: Bytes::from(p).into(),
                 }),
             (
                 any::<u64>(),
@@ -763,7 +879,7 @@ mod tests {
                     })
                 }),
             proptest::collection::vec(any::<u8>(), 0..200).prop_map(|p| PacketBody::Raw {
-                payload: Bytes::from(p)
+                payload: Bytes::from(p).into()
             }),
             any::<u64>().prop_map(|nonce| PacketBody::Ping { nonce }),
             any::<u64>().prop_map(|nonce| PacketBody::Pong { nonce }),

@@ -525,7 +525,7 @@ mod tests {
 
     fn sent(route: usize, len: usize, at: Instant, single_route: bool) -> SentPacket {
         SentPacket {
-            payload: Bytes::from(vec![0; len]),
+            payload: Bytes::from(vec![0; len]).into(),
             first_sent: at,
             last_sent: at,
             retries: 0,

@@ -34,15 +34,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-
-use super::packet::AckInfo;
+use super::packet::{AckInfo, PacketPayload};
 
 /// A DATA packet waiting for its acknowledgement.
 #[derive(Clone, Debug)]
 pub struct SentPacket {
     /// The payload, kept for retransmission.
-    pub payload: Bytes,
+    pub payload: PacketPayload,
     /// When it was first sent.
     pub first_sent: Instant,
     /// When it was last sent.
@@ -90,7 +88,7 @@ pub struct Resend {
     /// Its sequence number.
     pub seq: u64,
     /// Its payload.
-    pub payload: Bytes,
+    pub payload: PacketPayload,
     /// The route of its previous transmission.
     pub previous_route: usize,
     /// The route it goes out on now.
@@ -139,12 +137,18 @@ impl RetransmitQueue {
     }
 
     /// Records the first transmission of `seq`, on `route`.
-    pub fn on_sent(&mut self, seq: u64, payload: Bytes, now: Instant, route: usize) {
+    pub fn on_sent(
+        &mut self,
+        seq: u64,
+        payload: impl Into<PacketPayload>,
+        now: Instant,
+        route: usize,
+    ) {
         let order = self.bump_order();
         self.packets.insert(
             seq,
             SentPacket {
-                payload,
+                payload: payload.into(),
                 first_sent: now,
                 last_sent: now,
                 retries: 0,
@@ -371,6 +375,7 @@ pub fn backoff(rto: Duration, retries: u32, max_backoff: u32) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::Bytes;
 
     const MS: Duration = Duration::from_millis(1);
 
@@ -524,7 +529,7 @@ mod tests {
             r,
             Some(Resend {
                 seq: 1,
-                payload: Bytes::from(vec![0; 1]),
+                payload: Bytes::from(vec![0; 1]).into(),
                 previous_route: 1,
                 route: 0
             })

@@ -185,7 +185,9 @@ impl Sim {
         t.packet.write_header(&mut self.header);
         let mut wire = self.header.clone();
         if let Some(p) = t.packet.payload() {
-            wire.extend_from_slice(p);
+            for part in p.parts() {
+                wire.extend_from_slice(part);
+            }
         }
         let bytes = Bytes::from(wire);
         assert_eq!(bytes, t.packet.encode(), "write_header + payload == encode");
