@@ -11,6 +11,9 @@
 //! * RC: an [`RcTransport`] whose queue pairs are made per peer on demand.
 //! * The connection set-up: a [`ConnectionManager`] whose messages ride the UD carrier's side
 //!   channel.
+//! * RC lane fail-back: a [`LaneReconnector`] whose lane messages ride the same side channel;
+//!   when a port comes back, each failed lane on it is re-established on new queue pairs
+//!   (see [`super::lane_reconnect`]).
 //!
 //! The driver here counts frames per peer. When the count passes
 //! [`AdaptiveSettings::connect_after`] (or a frame too large for one UD datagram is sent), it
