@@ -5,7 +5,7 @@
 //! buffers of a megabyte and more straight from the kernel (`mmap`) and give them back on free,
 //! so every such message would pay a page fault and a page clear per 4 KiB — more than the copy
 //! itself. The pool keeps buffers that the application has dropped (the `Bytes` it received
-//! owns a [`Pooled`] buffer that goes back here when the last reference goes) in power-of-two
+//! owns a pooled buffer that goes back here when the last reference goes) in power-of-two
 //! size classes, up to a bound, and hands them out again already faulted in. MPI libraries get
 //! the same effect from the application reusing its receive buffer.
 

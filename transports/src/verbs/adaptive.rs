@@ -11,6 +11,9 @@
 //! * RC: an [`RcTransport`] whose queue pairs are made per peer on demand.
 //! * The connection set-up: a [`ConnectionManager`] whose messages ride the UD carrier's side
 //!   channel.
+//! * RC lane fail-back: a [`LaneReconnector`] whose lane messages ride the same side channel;
+//!   when a port comes back, each failed lane on it is re-established on new queue pairs
+//!   (see [`super::lane_reconnect`]).
 //!
 //! The driver here counts frames per peer. When the count passes
 //! [`AdaptiveSettings::connect_after`] (or a frame too large for one UD datagram is sent), it
@@ -40,6 +43,7 @@ use tokio::time::Sleep;
 
 use super::connection_manager::{CmConfig, CmCounters, CmEvent, CmMessage, ConnectionManager};
 use super::error::VerbsError;
+use super::lane_reconnect::{LaneCounters, LaneEvent, LaneReconnector};
 use super::provider::Provider;
 use super::rc::{RcSettings, RcTransport};
 use super::shared_port::{PortHandle, SharedPort};
@@ -85,6 +89,8 @@ pub struct AdaptiveCounters {
     pub switched_to_rc: u64,
     /// The connection manager's counters.
     pub cm: CmCounters,
+    /// The lane fail-back exchanges' counters.
+    pub lanes: LaneCounters,
     /// The UD carrier's counters.
     pub ud: UdCounters,
     /// Connection-management datagrams that did not decode.
@@ -115,6 +121,7 @@ struct PeerPath {
 
 struct State {
     cm: ConnectionManager,
+    lanes: LaneReconnector,
     peers: Vec<PeerPath>,
     lost: FxHashSet<u32>,
     ready: VecDeque<Arrival>,
@@ -168,6 +175,7 @@ impl<P: Provider> AdaptiveTransport<P> {
             rc,
             state: Mutex::new(State {
                 cm: ConnectionManager::new(rank, settings.cm),
+                lanes: LaneReconnector::new(rank, settings.cm),
                 peers: (0..size)
                     .map(|_| PeerPath {
                         path: Path::Ud,
@@ -197,6 +205,7 @@ impl<P: Provider> AdaptiveTransport<P> {
         let s = self.lock();
         AdaptiveCounters {
             cm: s.cm.counters(),
+            lanes: s.lanes.counters(),
             ud: self.ud.carrier().counters(),
             ..s.counters
         }
@@ -220,15 +229,80 @@ impl<P: Provider> AdaptiveTransport<P> {
         &self.rc
     }
 
+    /// Sends a connection or lane message over the UD carrier's side channel.
+    fn send_control(&self, to: u32, m: CmMessage) {
+        let mut bytes = Vec::with_capacity(CmMessage::MAX_LEN);
+        m.encode(&mut bytes);
+        if let Err(e) = self.ud.carrier().send_control(to, &bytes) {
+            // Lost like any datagram: the sender's state machine retransmits.
+            tracing::debug!(rank = self.rank, to, error = %e, "connection message not sent");
+        }
+    }
+
+    /// RC lane fail-back: carries out the lane events on the RC side, starts the exchange for
+    /// every failed lane whose port came back (and is not being exchanged already), and sends
+    /// the lane messages.
+    fn run_lanes(&self, s: &mut State, now: Instant) {
+        // Events first: a lane the exchange just established is not started again.
+        while let Some(ev) = s.lanes.poll_event() {
+            match ev {
+                LaneEvent::Open { peer, lane, remote } => {
+                    let opened = self
+                        .rc
+                        .reopen_lane(peer, usize::from(lane))
+                        .and_then(|local| {
+                            self.rc.connect_lane(peer, usize::from(lane), remote)?;
+                            Ok(local)
+                        });
+                    match opened {
+                        Ok(local) => s.lanes.accepted(now, peer, lane, local),
+                        Err(e) => {
+                            tracing::debug!(rank = self.rank, peer, lane, error = %e, "lane not reopened");
+                            s.counters.connect_errors += 1;
+                            s.lanes.open_failed(peer, lane);
+                        }
+                    }
+                }
+                LaneEvent::Connect { peer, lane, remote } => {
+                    if let Err(e) = self.rc.connect_lane(peer, usize::from(lane), remote) {
+                        tracing::debug!(rank = self.rank, peer, lane, error = %e, "lane not connected");
+                        s.counters.connect_errors += 1;
+                    }
+                }
+                LaneEvent::Established { peer, lane } => {
+                    self.rc.lane_established(peer, usize::from(lane));
+                }
+                LaneEvent::Failed { peer, lane } => {
+                    self.rc.abandon_reopened_lane(peer, usize::from(lane));
+                }
+            }
+        }
+        for (peer, lane) in self.rc.lanes_to_reopen() {
+            let Ok(lane_byte) = u8::try_from(lane) else {
+                continue;
+            };
+            if s.lanes.is_busy(peer, lane_byte) {
+                continue;
+            }
+            match self.rc.reopen_lane(peer, lane) {
+                Ok(local) => {
+                    s.lanes.start(now, peer, lane_byte, local);
+                }
+                Err(e) => {
+                    tracing::debug!(rank = self.rank, peer, lane, error = %e, "lane not reopened");
+                    s.counters.connect_errors += 1;
+                }
+            }
+        }
+        while let Some((to, m)) = s.lanes.poll_transmit() {
+            self.send_control(to, m);
+        }
+    }
+
     /// Sends what the connection manager produced and carries out its events.
     fn run_cm(&self, s: &mut State) {
         while let Some((to, m)) = s.cm.poll_transmit() {
-            let mut bytes = Vec::with_capacity(CmMessage::MAX_LEN);
-            m.encode(&mut bytes);
-            if let Err(e) = self.ud.carrier().send_control(to, &bytes) {
-                // Lost like any datagram: the manager retransmits.
-                tracing::debug!(rank = self.rank, to, error = %e, "connection message not sent");
-            }
+            self.send_control(to, m);
         }
         while let Some(ev) = s.cm.poll_event() {
             match ev {
@@ -303,6 +377,10 @@ impl<P: Provider> AdaptiveTransport<P> {
                     continue;
                 }
             };
+            if m.is_lane_message() {
+                s.lanes.handle_message(now, from, m);
+                continue;
+            }
             let local = match m {
                 CmMessage::Confirm { .. } if !self.rc_known(from) => continue,
                 _ => match self.rc.open_peer(from) {
@@ -320,10 +398,14 @@ impl<P: Provider> AdaptiveTransport<P> {
         if s.cm.poll_timeout().is_some_and(|t| t <= now) {
             s.cm.handle_timeout(now);
         }
+        if s.lanes.poll_timeout().is_some_and(|t| t <= now) {
+            s.lanes.handle_timeout(now);
+        }
         self.run_cm(s);
         self.switch_ready(s);
         self.rc.drain(&mut scratch)?;
         self.take_arrivals(s, &mut scratch, now, true);
+        self.run_lanes(s, now);
         // UD loss reports held for RC-connected peers whose grace ran out.
         for peer in 0..self.size {
             let p = &mut s.peers[peer as usize];
@@ -376,10 +458,10 @@ impl<P: Provider> AdaptiveTransport<P> {
             .iter()
             .filter_map(|p| p.ud_lost_at.map(|t| t + self.settings.loss_grace))
             .min();
-        match (s.cm.poll_timeout(), grace) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [s.cm.poll_timeout(), s.lanes.poll_timeout(), grace]
+            .into_iter()
+            .flatten()
+            .min()
     }
 }
 

@@ -25,7 +25,7 @@ fn settings(connect_after: Option<u64>) -> AdaptiveSettings {
 }
 
 /// Whether a sent UD datagram is a connection message of `kind` (1 Request, 2 Reply,
-/// 3 Confirm): the carrier's kind byte `C` and the sender's rank, then the message's magic
+/// 3 Confirm; lane fail-back: 4 LaneRequest, 5 LaneReply, 6 LaneConfirm): the carrier's kind byte `C` and the sender's rank, then the message's magic
 /// and kind.
 fn is_control(bytes: &[u8], kind: u8) -> bool {
     bytes.len() > 8 && bytes[0] == b'C' && &bytes[5..8] == b"CM1" && bytes[8] == kind
@@ -482,4 +482,242 @@ async fn a_failed_port_moves_rc_traffic_to_the_other_lane() {
         );
         assert!(t.rc().lane_up(other, 1), "rank {me} lost the other lane");
     }
+}
+
+/// Drains every rank for `ms` milliseconds (completions and Fins are taken in).
+async fn settle(ranks: &Ranks, ms: u64) {
+    let until = std::time::Instant::now() + Duration::from_millis(ms);
+    let mut out = Vec::new();
+    while std::time::Instant::now() < until {
+        for t in ranks {
+            t.drain(&mut out).unwrap();
+        }
+        assert!(out.is_empty());
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// Two ranks with two ports each, RC-connected (both lanes live), idle registration caches
+/// (every released payload registration is deregistered at once, so registration counts
+/// are exact).
+async fn connected_pair() -> (SimulatedTransports, Ranks) {
+    let mut s = settings(Some(2));
+    s.rc.mr_cache_bytes = 0;
+    let job = simulated_adaptive_transports(2, 2, Duration::from_secs(30), s).unwrap();
+    let ranks: Ranks = job.transports.clone();
+    for seq in 0..4 {
+        ranks[0].send(1, frame(seq, pattern(seq, 100))).unwrap();
+        ranks[1].send(0, frame(seq, pattern(seq, 100))).unwrap();
+    }
+    pump(&ranks, &[4, 4]).await;
+    wait_until(&ranks, |r| r[0].is_over_rc(1) && r[1].is_over_rc(0)).await;
+    (job, ranks)
+}
+
+/// Drains every rank until `done` holds; fails after 10 s. Frames must not arrive.
+async fn wait_until(ranks: &Ranks, done: impl Fn(&Ranks) -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut out = Vec::new();
+    while !done(ranks) {
+        for (r, t) in ranks.iter().enumerate() {
+            t.drain(&mut out).unwrap();
+            assert!(out.is_empty(), "rank {r} got {} arrivals", out.len());
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "condition not reached"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// Sends `frames` large frames (`len` bytes, seeds from `seed`) each way, then pumps until
+/// they are all in and checks them byte for byte.
+async fn exchange_large(ranks: &Ranks, seed: u64, frames: u64, len: usize) {
+    for i in 0..frames {
+        for (me, t) in ranks.iter().enumerate() {
+            let s = seed + i + 1000 * me as u64;
+            t.send(1 - me as u32, frame(s, pattern(s, len))).unwrap();
+        }
+    }
+    let want = frames as usize;
+    let got = pump(ranks, &[want, want]).await;
+    for (me, frames) in got.iter().enumerate() {
+        let other = 1 - me as u64;
+        for (i, (from, f)) in frames.iter().enumerate() {
+            let s = seed + i as u64 + 1000 * other;
+            assert_eq!(u64::from(*from), other);
+            assert!(f.payload == pattern(s, len), "rank {me}: frame {i} damaged");
+        }
+    }
+}
+
+fn lanes_up(ranks: &Ranks, lane: usize) -> bool {
+    ranks[0].rc().lane_up(1, lane) && ranks[1].rc().lane_up(0, lane)
+}
+
+/// Waits until every rank's port registrations are back at `counts` (released payloads are
+/// deregistered once the peer's Fin or the write's completion is taken in).
+async fn wait_for_registrations(ranks: &Ranks, fabric: &SimFabric, lids: &[u16], counts: &[usize]) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let now: Vec<usize> = lids.iter().map(|&l| fabric.registered_regions(l)).collect();
+        if now == counts {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "registrations per port {now:?}, steady {counts:?}"
+        );
+        let mut out = Vec::new();
+        for t in ranks {
+            t.drain(&mut out).unwrap();
+        }
+        assert!(out.is_empty());
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// Rank 1's first port fails while a 32 MiB frame from rank 0 is under way: it arrives over
+/// the other lane. The port comes back: rank 1 (whose port it was) re-establishes lane 0
+/// with rank 0 over UD (rank 0's own port never failed), and later 24 MiB frames in both
+/// directions are striped over both lanes again (per-lane byte counters of both lanes grow,
+/// the restored port moves RDMA bytes), intact; every port's registrations return to their
+/// steady count (the old lane's queue pair and buffers are gone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restored_port_brings_its_rc_lane_back_and_striping_resumes() {
+    let (job, ranks) = connected_pair().await;
+    let fabric = job.fabric.clone();
+    let lids: Vec<u16> = job.ports.iter().flatten().map(|p| p.port().lid).collect();
+    let victim = job.ports[1][0].port().lid;
+    exchange_large(&ranks, 10, 1, 16 << 20).await;
+    settle(&ranks, 50).await;
+    let steady: Vec<usize> = lids.iter().map(|&l| fabric.registered_regions(l)).collect();
+
+    let len = 32 << 20;
+    ranks[0].send(1, frame(77, pattern(77, len))).unwrap();
+    fabric.fail_port(victim);
+    let got = pump(&ranks, &[0, 1]).await;
+    assert!(
+        got[1][0].1.payload == pattern(77, len),
+        "the 32 MiB frame is intact"
+    );
+    wait_until(&ranks, |r| {
+        !r[0].rc().lane_up(1, 0) && !r[1].rc().lane_up(0, 0)
+    })
+    .await;
+    assert!(lanes_up(&ranks, 1));
+
+    fabric.restore_port(victim);
+    wait_until(&ranks, |r| lanes_up(r, 0) && lanes_up(r, 1)).await;
+    let before: Vec<_> = ranks.iter().map(|t| t.rc().counters().stream).collect();
+    let port_bytes = fabric.port_rdma_bytes(victim);
+    exchange_large(&ranks, 100, 3, 24 << 20).await;
+    for (me, t) in ranks.iter().enumerate() {
+        let after = t.rc().counters();
+        for lane in 0..2 {
+            assert!(
+                after.stream.bytes_per_lane[lane] >= before[me].bytes_per_lane[lane] + (24 << 20),
+                "rank {me} lane {lane}: {:?} -> {:?}",
+                before[me].bytes_per_lane,
+                after.stream.bytes_per_lane
+            );
+        }
+        assert_eq!(after.stream.lane_failures, 1, "rank {me}");
+        assert_eq!(after.stream.lane_restorations, 1, "rank {me}");
+        assert_eq!(after.lanes_reopened, 1, "rank {me}");
+    }
+    assert!(
+        fabric.port_rdma_bytes(victim) > port_bytes,
+        "the restored port moves data"
+    );
+    let c = (ranks[0].counters().lanes, ranks[1].counters().lanes);
+    assert!(
+        c.1.requests_sent >= 1 && c.0.replies_sent >= 1,
+        "rank 1 asked: {c:?}"
+    );
+    assert_eq!(
+        c.0.requests_sent, 0,
+        "rank 0's port never failed: it only answers"
+    );
+    assert_eq!((c.0.established, c.1.established), (1, 1));
+    wait_for_registrations(&ranks, &fabric, &lids, &steady).await;
+}
+
+/// The lane exchange's messages are lost (two LaneRequests, the first LaneReply and the
+/// first LaneConfirm): retransmission still brings the lane back, and frames keep arriving
+/// intact and in order meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_lane_messages_are_retransmitted_and_the_lane_still_comes_back() {
+    let (job, ranks) = connected_pair().await;
+    let fabric = job.fabric.clone();
+    let victim = job.ports[0][1].port().lid;
+    fabric.fail_port(victim);
+    exchange_large(&ranks, 10, 2, 6 << 20).await;
+    fabric.drop_datagrams_matching(2, |b| is_control(b, 4));
+    fabric.drop_datagrams_matching(1, |b| is_control(b, 5));
+    fabric.drop_datagrams_matching(1, |b| is_control(b, 6));
+    fabric.restore_port(victim);
+    wait_until(&ranks, |r| lanes_up(r, 0) && lanes_up(r, 1)).await;
+    let c = (ranks[0].counters().lanes, ranks[1].counters().lanes);
+    assert!(c.0.requests_sent >= 3, "rank 0 asked again: {c:?}");
+    assert!(c.1.replies_sent >= 2, "rank 1 answered again: {c:?}");
+    assert!(c.0.retransmissions + c.1.retransmissions >= 2, "{c:?}");
+    assert_eq!((c.0.established, c.1.established), (1, 1), "{c:?}");
+    exchange_large(&ranks, 50, 2, 6 << 20).await;
+    let rc = ranks[0].rc().counters();
+    assert_eq!(rc.lanes_reopened, 1, "{rc:?}");
+}
+
+/// A port flaps (down, up, down) while frames flow, on rank 1 during rank 0's sends, then
+/// comes back: every frame arrives intact and in order, and in the end both lanes are up.
+/// Then both ranks' second ports fail, come back at different times (rank 1's first),
+/// and the lane returns once more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flapping_port_never_breaks_delivery_and_the_lane_returns() {
+    let (job, ranks) = connected_pair().await;
+    let fabric = job.fabric.clone();
+    let victim = job.ports[1][0].port().lid;
+    let mut seed = 1000;
+    for step in 0..6 {
+        match step {
+            0 | 2 | 4 => fabric.fail_port(victim),
+            _ => fabric.restore_port(victim),
+        }
+        // Some frames each way while the port is in this state (the exchange may be under
+        // way, or its queue pairs fail again).
+        exchange_large(&ranks, seed, 2, 3 << 20).await;
+        for s in 0..20u64 {
+            ranks[0]
+                .send(1, frame(seed + s, pattern(seed + s, 300)))
+                .unwrap();
+        }
+        let got = pump(&ranks, &[0, 20]).await;
+        for (i, (_, f)) in got[1].iter().enumerate() {
+            assert!(
+                f.payload == pattern(seed + i as u64, 300),
+                "step {step}: frame {i}"
+            );
+        }
+        seed += 100;
+    }
+    fabric.restore_port(victim);
+    wait_until(&ranks, |r| lanes_up(r, 0) && lanes_up(r, 1)).await;
+    exchange_large(&ranks, seed, 2, 8 << 20).await;
+
+    let (a, b) = (job.ports[0][1].port().lid, job.ports[1][1].port().lid);
+    fabric.fail_port(a);
+    fabric.fail_port(b);
+    exchange_large(&ranks, seed + 100, 1, 4 << 20).await;
+    fabric.restore_port(b);
+    exchange_large(&ranks, seed + 200, 1, 4 << 20).await;
+    fabric.restore_port(a);
+    wait_until(&ranks, |r| lanes_up(r, 0) && lanes_up(r, 1)).await;
+    let before = ranks[0].rc().counters().stream.bytes_per_lane;
+    exchange_large(&ranks, seed + 300, 2, 8 << 20).await;
+    let after = ranks[0].rc().counters().stream.bytes_per_lane;
+    assert!(
+        after[0] > before[0] && after[1] > before[1],
+        "{before:?} -> {after:?}"
+    );
 }

@@ -138,7 +138,10 @@ enum Pending {
         addr: u64,
         rkey: u32,
     },
-    LaneDown(u32),
+    LaneDown {
+        lane: u32,
+        qpn: u32,
+    },
     Fin(u32),
     Write {
         tag: StreamTag,
@@ -199,7 +202,7 @@ pub struct RcChannel {
     /// Transfers to this side, by id.
     incoming: FxHashMap<u32, Incoming>,
     /// Lanes the peer reported failed, not taken yet.
-    lanes_down: VecDeque<u32>,
+    lanes_down: VecDeque<(u32, u32)>,
     /// Transfers whose buffer the driver must register.
     allocations: VecDeque<(u32, u64)>,
     /// Complete frames, in the order they completed.
@@ -367,9 +370,9 @@ impl RcChannel {
         if !send_buffer_free {
             return None;
         }
-        if let Some(&Pending::LaneDown(lane)) = self.control.front() {
+        if let Some(&Pending::LaneDown { lane, qpn }) = self.control.front() {
             self.control.pop_front();
-            return Some(self.encode(&Message::LaneDown { lane }, None));
+            return Some(self.encode(&Message::LaneDown { lane, qpn }, None));
         }
         if let Some(Pending::Cts {
             transfer,
@@ -448,7 +451,7 @@ impl RcChannel {
         match message {
             Message::Frame { tag, frame } => self.delivery.push_back((tag, frame)),
             Message::Credit => {}
-            Message::LaneDown { lane } => self.lanes_down.push_back(lane),
+            Message::LaneDown { lane, qpn } => self.lanes_down.push_back((lane, qpn)),
             Message::Bye { end } => {
                 self.peer_closed.get_or_insert(end);
             }
@@ -532,14 +535,14 @@ impl RcChannel {
         Ok(())
     }
 
-    /// Tells the peer that lane `lane` of this connection (another queue pair) failed here,
-    /// ahead of frames not sent yet.
-    pub fn report_lane_down(&mut self, lane: u32) {
-        self.control.push_front(Pending::LaneDown(lane));
+    /// Tells the peer that lane `lane` of this connection (another queue pair), whose queue
+    /// pair here was `qpn`, failed here, ahead of frames not sent yet.
+    pub fn report_lane_down(&mut self, lane: u32, qpn: u32) {
+        self.control.push_front(Pending::LaneDown { lane, qpn });
     }
 
-    /// The next lane the peer reported failed.
-    pub fn poll_lane_down(&mut self) -> Option<u32> {
+    /// The next lane the peer reported failed: `(lane, the peer's queue pair number of it)`.
+    pub fn poll_lane_down(&mut self) -> Option<(u32, u32)> {
         self.lanes_down.pop_front()
     }
 
@@ -662,13 +665,26 @@ impl RcChannel {
     /// another lane). Read rendezvous buffers are not taken: a read posted into one completes
     /// (flushed) first, and [`abandon_read`](Self::abandon_read) returns it then.
     pub fn take_incoming_writes(&mut self) -> Vec<MrId> {
-        let writes: Vec<u32> = self
+        self.take_incoming(false)
+    }
+
+    /// Forgets the read rendezvous transfers to this side that have not completed and
+    /// returns their registered buffers: for the driver to deregister when it tears the
+    /// failed lane down (its queue pair is destroyed, so no read can still land in them).
+    pub fn take_incoming_reads(&mut self) -> Vec<MrId> {
+        self.take_incoming(true)
+    }
+
+    /// Forgets the incoming transfers by RDMA read (`reads`) or by RDMA write and returns
+    /// their registered buffers.
+    fn take_incoming(&mut self, reads: bool) -> Vec<MrId> {
+        let taken: Vec<u32> = self
             .incoming
             .iter()
-            .filter(|(_, t)| t.source.is_none())
+            .filter(|(_, t)| t.source.is_some() == reads)
             .map(|(&transfer, _)| transfer)
             .collect();
-        writes
+        taken
             .into_iter()
             .filter_map(|transfer| self.incoming.remove(&transfer)?.region)
             .collect()

@@ -33,6 +33,7 @@ use std::time::{Duration, Instant};
 
 use rustc_hash::FxHashMap;
 
+use super::provider::QpAddress;
 use super::rc::RcAddress;
 
 /// Settings of the connection set-up.
@@ -75,6 +76,32 @@ pub enum CmMessage {
         /// The Request's `seq`.
         seq: u32,
     },
+    /// "My queue pair of lane `lane` failed; connect a new one of yours to this new one of
+    /// mine" (lane fail-back, see [`super::lane_reconnect`]).
+    LaneRequest {
+        /// The requester's attempt number (per peer and lane).
+        seq: u32,
+        /// The lane.
+        lane: u8,
+        /// The requester's new queue pair of that lane.
+        qp: QpAddress,
+    },
+    /// "Done; connect yours to my new one."
+    LaneReply {
+        /// The LaneRequest's `seq`.
+        seq: u32,
+        /// The lane.
+        lane: u8,
+        /// The responder's new queue pair of that lane.
+        qp: QpAddress,
+    },
+    /// "Connected: the lane carries traffic again."
+    LaneConfirm {
+        /// The LaneRequest's `seq`.
+        seq: u32,
+        /// The lane.
+        lane: u8,
+    },
 }
 
 /// Why a connection-management message could not be decoded.
@@ -97,12 +124,18 @@ pub enum CmDecodeError {
     /// A lane count of zero or beyond the most lanes a connection spans.
     #[error("connection message with {0} lanes")]
     BadLaneCount(u8),
+    /// A lane message naming a lane beyond the most lanes a connection spans.
+    #[error("lane message for lane {0}")]
+    BadLane(u8),
 }
 
 const MAGIC: [u8; 3] = *b"CM1";
 const KIND_REQUEST: u8 = 1;
 const KIND_REPLY: u8 = 2;
 const KIND_CONFIRM: u8 = 3;
+const KIND_LANE_REQUEST: u8 = 4;
+const KIND_LANE_REPLY: u8 = 5;
+const KIND_LANE_CONFIRM: u8 = 6;
 /// magic, kind, seq.
 const HEADER_LEN: usize = 3 + 1 + 4;
 /// A lane count, then per lane: lid, gid, qpn.
@@ -112,18 +145,39 @@ impl CmMessage {
     /// The longest encoding.
     pub const MAX_LEN: usize = HEADER_LEN + ADDRESS_LEN;
 
-    /// Appends the message's bytes to `out`.
+    /// Whether it is a lane message (fail-back of one lane), not a connection message.
+    pub fn is_lane_message(&self) -> bool {
+        matches!(
+            self,
+            CmMessage::LaneRequest { .. }
+                | CmMessage::LaneReply { .. }
+                | CmMessage::LaneConfirm { .. }
+        )
+    }
+
+    /// Appends the message's bytes to `out`: magic, kind, `seq`, then for a connection
+    /// Request or Reply its [`RcAddress`], for a lane message the lane (one byte) and, in a
+    /// LaneRequest or LaneReply, the new queue pair's [`QpAddress`].
     pub fn encode(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&MAGIC);
-        let (kind, seq, qp) = match *self {
-            CmMessage::Request { seq, qp } => (KIND_REQUEST, seq, Some(qp)),
-            CmMessage::Reply { seq, qp } => (KIND_REPLY, seq, Some(qp)),
-            CmMessage::Confirm { seq } => (KIND_CONFIRM, seq, None),
+        let (kind, seq) = match *self {
+            CmMessage::Request { seq, .. } => (KIND_REQUEST, seq),
+            CmMessage::Reply { seq, .. } => (KIND_REPLY, seq),
+            CmMessage::Confirm { seq } => (KIND_CONFIRM, seq),
+            CmMessage::LaneRequest { seq, .. } => (KIND_LANE_REQUEST, seq),
+            CmMessage::LaneReply { seq, .. } => (KIND_LANE_REPLY, seq),
+            CmMessage::LaneConfirm { seq, .. } => (KIND_LANE_CONFIRM, seq),
         };
         out.push(kind);
         out.extend_from_slice(&seq.to_le_bytes());
-        if let Some(qp) = qp {
-            qp.encode(out);
+        match self {
+            CmMessage::Request { qp, .. } | CmMessage::Reply { qp, .. } => qp.encode(out),
+            CmMessage::Confirm { .. } => {}
+            CmMessage::LaneRequest { lane, qp, .. } | CmMessage::LaneReply { lane, qp, .. } => {
+                out.push(*lane);
+                qp.encode(out);
+            }
+            CmMessage::LaneConfirm { lane, .. } => out.push(*lane),
         }
     }
 
@@ -153,7 +207,34 @@ impl CmMessage {
                 .map(|(a, _)| a)
                 .ok_or_else(|| truncated(HEADER_LEN + 1 + 22 * usize::from(count)))
         };
+        let lane = || {
+            let lane = *bytes
+                .get(HEADER_LEN)
+                .ok_or_else(|| truncated(HEADER_LEN + 1))?;
+            if usize::from(lane) >= super::stream::MAX_LANES {
+                return Err(CmDecodeError::BadLane(lane));
+            }
+            Ok(lane)
+        };
+        let lane_address = || {
+            let need = HEADER_LEN + 1 + QpAddress::ENCODED_LEN;
+            bytes
+                .get(HEADER_LEN + 1..need)
+                .and_then(QpAddress::decode)
+                .ok_or_else(|| truncated(need))
+        };
         match kind {
+            KIND_LANE_REQUEST => Ok(CmMessage::LaneRequest {
+                seq,
+                lane: lane()?,
+                qp: lane_address()?,
+            }),
+            KIND_LANE_REPLY => Ok(CmMessage::LaneReply {
+                seq,
+                lane: lane()?,
+                qp: lane_address()?,
+            }),
+            KIND_LANE_CONFIRM => Ok(CmMessage::LaneConfirm { seq, lane: lane()? }),
             KIND_REQUEST => Ok(CmMessage::Request {
                 seq,
                 qp: address()?,
@@ -325,14 +406,20 @@ impl ConnectionManager {
             CmMessage::Request { .. } => self.counters.requests_sent += 1,
             CmMessage::Reply { .. } => self.counters.replies_sent += 1,
             CmMessage::Confirm { .. } => self.counters.confirms_sent += 1,
+            // Lane messages are the lane reconnector's; this manager makes none.
+            CmMessage::LaneRequest { .. }
+            | CmMessage::LaneReply { .. }
+            | CmMessage::LaneConfirm { .. } => {}
         }
         self.transmits.push_back((peer, m));
     }
 
     /// Takes in a message from `peer`; `local` is this rank's RC queue pair for `peer` (the
-    /// driver creates it, if it did not exist, before passing a Request or Reply in).
+    /// driver creates it, if it did not exist, before passing a Request or Reply in). Lane
+    /// messages belong to a [`LaneReconnector`](super::lane_reconnect::LaneReconnector) and
+    /// are ignored here.
     pub fn handle_message(&mut self, now: Instant, peer: u32, local: RcAddress, m: CmMessage) {
-        if peer == self.rank {
+        if peer == self.rank || m.is_lane_message() {
             return;
         }
         match (m, self.state(peer)) {

@@ -13,8 +13,10 @@
 //!
 //! * **Frame**: the [`StreamTag`] (12 bytes: `u64` sequence number, `u16` part, `u16` parts),
 //!   then a whole frame in the wire format of `rankweave_core::wire`.
-//! * **Credit**, **LaneDown**: nothing (LaneDown names the lane, another lane of the same
-//!   connection that failed at the sender, in the `transfer` field).
+//! * **Credit**: nothing.
+//! * **LaneDown**: `u32`, the sender's queue pair number of the lane that failed; the lane
+//!   (another lane of the same connection) is named in the `transfer` field. The receiver acts
+//!   on it only while its lane is connected to that queue pair.
 //! * **Bye**: `u64`, the sequence number the sender's stream ends at (every frame below it
 //!   was sent before, on some lane).
 //! * **Rts** (a frame too large for a receive buffer): the [`StreamTag`], `u64` payload length,
@@ -83,15 +85,12 @@ impl StreamTag {
         out.extend_from_slice(&self.parts.to_le_bytes());
     }
 
-    fn decode(b: &[u8]) -> Result<StreamTag, MessageError> {
-        let b: &[u8; 12] = b
-            .get(..Self::LEN)
-            .and_then(|b| b.try_into().ok())
-            .ok_or(MessageError::TooShort(b.len() + HEADER_LEN))?;
+    fn from_bytes(b: [u8; 12]) -> Result<StreamTag, MessageError> {
+        let [s0, s1, s2, s3, s4, s5, s6, s7, p0, p1, n0, n1] = b;
         let tag = StreamTag {
-            seq: u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]),
-            part: u16::from_le_bytes([b[8], b[9]]),
-            parts: u16::from_le_bytes([b[10], b[11]]),
+            seq: u64::from_le_bytes([s0, s1, s2, s3, s4, s5, s6, s7]),
+            part: u16::from_le_bytes([p0, p1]),
+            parts: u16::from_le_bytes([n0, n1]),
         };
         if tag.parts == 0 || tag.part >= tag.parts {
             return Err(MessageError::BadTag {
@@ -156,10 +155,14 @@ pub enum Message {
         /// The transfer id.
         transfer: u32,
     },
-    /// Lane `lane` of this connection failed at the sender: the receiver stops using it too.
+    /// Lane `lane` of this connection failed at the sender: the receiver stops using it too,
+    /// if its lane is still connected to the sender's queue pair `qpn` (a report that comes
+    /// after the lane was re-established on new queue pairs is stale and ignored).
     LaneDown {
         /// The lane.
         lane: u32,
+        /// The sender's queue pair of that lane that failed.
+        qpn: u32,
     },
     /// The sender is closing: its stream ends before sequence number `end`.
     Bye {
@@ -208,55 +211,112 @@ fn put_header(out: &mut Vec<u8>, kind: u8, credits: u16, transfer: u32) {
     out.extend_from_slice(&transfer.to_le_bytes());
 }
 
+/// Appends what an Rts and a ReadRts carry after the message header: the stream tag, the
+/// payload length, `fields` (the ReadRts's address and key), then the frame's header
+/// declaring that length.
+fn put_announcement(
+    out: &mut Vec<u8>,
+    tag: &StreamTag,
+    len: u64,
+    fields: &[&[u8]],
+    header: &Header,
+) {
+    tag.encode(out);
+    out.extend_from_slice(&len.to_le_bytes());
+    for f in fields {
+        out.extend_from_slice(f);
+    }
+    wire::encode_header(header, len as usize, out);
+}
+
+/// Reads a message body's fields in order; running out of bytes is
+/// [`MessageError::TooShort`] with the whole message's length.
+struct Fields<'a> {
+    rest: &'a [u8],
+    message_len: usize,
+}
+
+impl Fields<'_> {
+    fn take<const N: usize>(&mut self) -> Result<[u8; N], MessageError> {
+        let (head, rest) = self
+            .rest
+            .split_first_chunk::<N>()
+            .ok_or(MessageError::TooShort(self.message_len))?;
+        self.rest = rest;
+        Ok(*head)
+    }
+
+    fn u32(&mut self) -> Result<u32, MessageError> {
+        self.take().map(u32::from_le_bytes)
+    }
+
+    fn u64(&mut self) -> Result<u64, MessageError> {
+        self.take().map(u64::from_le_bytes)
+    }
+
+    fn tag(&mut self) -> Result<StreamTag, MessageError> {
+        self.take().and_then(StreamTag::from_bytes)
+    }
+
+    /// The frame header that ends an Rts or ReadRts, which must declare `len` payload bytes.
+    fn header_declaring(&mut self, len: u64) -> Result<Header, MessageError> {
+        let (header, declared, _) = wire::decode_header(self.rest)?;
+        if declared != len {
+            return Err(MessageError::LengthMismatch {
+                rts: len,
+                header: declared,
+            });
+        }
+        Ok(header)
+    }
+}
+
 impl Message {
+    /// The kind byte and the header's `transfer` field.
+    fn kind_and_transfer(&self) -> (u8, u32) {
+        match *self {
+            Message::Frame { .. } => (kind::FRAME, 0),
+            Message::Credit => (kind::CREDIT, 0),
+            Message::Rts { transfer, .. } => (kind::RTS, transfer),
+            Message::Cts { transfer, .. } => (kind::CTS, transfer),
+            Message::Bye { .. } => (kind::BYE, 0),
+            Message::LaneDown { lane, .. } => (kind::LANE_DOWN, lane),
+            Message::ReadRts { transfer, .. } => (kind::READ_RTS, transfer),
+            Message::Fin { transfer } => (kind::FIN, transfer),
+        }
+    }
+
     /// Appends this message, carrying `credits`, to `out`.
     pub fn encode(&self, credits: u16, out: &mut Vec<u8>) {
+        let (kind, transfer) = self.kind_and_transfer();
+        put_header(out, kind, credits, transfer);
         match self {
             Message::Frame { tag, frame } => {
-                put_header(out, kind::FRAME, credits, 0);
                 tag.encode(out);
                 wire::encode_header(&frame.header, frame.payload.len(), out);
                 out.extend_from_slice(&frame.payload);
             }
-            Message::Credit => put_header(out, kind::CREDIT, credits, 0),
-            Message::LaneDown { lane } => put_header(out, kind::LANE_DOWN, credits, *lane),
-            Message::Bye { end } => {
-                put_header(out, kind::BYE, credits, 0);
-                out.extend_from_slice(&end.to_le_bytes());
-            }
+            Message::Credit | Message::Fin { .. } => {}
+            Message::LaneDown { qpn, .. } => out.extend_from_slice(&qpn.to_le_bytes()),
+            Message::Bye { end } => out.extend_from_slice(&end.to_le_bytes()),
             Message::Rts {
-                tag,
-                transfer,
-                header,
-                len,
-            } => {
-                put_header(out, kind::RTS, credits, *transfer);
-                tag.encode(out);
-                out.extend_from_slice(&len.to_le_bytes());
-                wire::encode_header(header, *len as usize, out);
-            }
+                tag, header, len, ..
+            } => put_announcement(out, tag, *len, &[], header),
             Message::ReadRts {
                 tag,
-                transfer,
                 header,
                 len,
                 addr,
                 rkey,
-            } => {
-                put_header(out, kind::READ_RTS, credits, *transfer);
-                tag.encode(out);
-                out.extend_from_slice(&len.to_le_bytes());
-                out.extend_from_slice(&addr.to_le_bytes());
-                out.extend_from_slice(&rkey.to_le_bytes());
-                wire::encode_header(header, *len as usize, out);
-            }
-            Message::Fin { transfer } => put_header(out, kind::FIN, credits, *transfer),
-            Message::Cts {
-                transfer,
-                addr,
-                rkey,
-            } => {
-                put_header(out, kind::CTS, credits, *transfer);
+                ..
+            } => put_announcement(
+                out,
+                tag,
+                *len,
+                &[&addr.to_le_bytes(), &rkey.to_le_bytes()],
+                header,
+            ),
+            Message::Cts { addr, rkey, .. } => {
                 out.extend_from_slice(&addr.to_le_bytes());
                 out.extend_from_slice(&rkey.to_le_bytes());
             }
@@ -272,91 +332,60 @@ impl Message {
     /// slice of `bytes` (no copy). Never panics.
     pub fn decode(bytes: Bytes) -> Result<(Message, u16), MessageError> {
         let buf = &bytes[..];
-        if buf.len() < HEADER_LEN {
+        let Some((header, body)) = buf.split_first_chunk::<HEADER_LEN>() else {
             return Err(MessageError::TooShort(buf.len()));
+        };
+        let [magic, kind, c0, c1, t0, t1, t2, t3] = *header;
+        if magic != MAGIC {
+            return Err(MessageError::BadMagic(magic));
         }
-        if buf[0] != MAGIC {
-            return Err(MessageError::BadMagic(buf[0]));
-        }
-        let credits = u16::from_le_bytes([buf[2], buf[3]]);
-        let transfer = u32::from_le_bytes([buf[4], buf[5], buf[6], buf[7]]);
-        let body = &buf[HEADER_LEN..];
-        let message = match buf[1] {
+        let credits = u16::from_le_bytes([c0, c1]);
+        let transfer = u32::from_le_bytes([t0, t1, t2, t3]);
+        let mut f = Fields {
+            rest: body,
+            message_len: buf.len(),
+        };
+        let message = match kind {
             kind::FRAME => Message::Frame {
-                tag: StreamTag::decode(body)?,
+                tag: f.tag()?,
                 frame: wire::decode(bytes.slice(HEADER_LEN + StreamTag::LEN..))?,
             },
             kind::CREDIT => Message::Credit,
-            kind::LANE_DOWN => Message::LaneDown { lane: transfer },
-            kind::BYE => Message::Bye {
-                end: u64::from_le_bytes(
-                    body.get(..8)
-                        .and_then(|b| b.try_into().ok())
-                        .ok_or(MessageError::TooShort(buf.len()))?,
-                ),
+            kind::LANE_DOWN => Message::LaneDown {
+                lane: transfer,
+                qpn: f.u32()?,
             },
+            kind::BYE => Message::Bye { end: f.u64()? },
             kind::RTS => {
-                let tag = StreamTag::decode(body)?;
-                let body = &body[StreamTag::LEN..];
-                let len = u64::from_le_bytes(
-                    body.get(..8)
-                        .and_then(|b| b.try_into().ok())
-                        .ok_or(MessageError::TooShort(buf.len()))?,
-                );
-                let (header, declared, _) = wire::decode_header(&body[8..])?;
-                if declared != len {
-                    return Err(MessageError::LengthMismatch {
-                        rts: len,
-                        header: declared,
-                    });
-                }
+                let tag = f.tag()?;
+                let len = f.u64()?;
                 Message::Rts {
                     tag,
                     transfer,
-                    header,
+                    header: f.header_declaring(len)?,
                     len,
                 }
             }
             kind::READ_RTS => {
-                let tag = StreamTag::decode(body)?;
-                let body = &body[StreamTag::LEN..];
-                let fields: [u8; 20] = body
-                    .get(..20)
-                    .and_then(|b| b.try_into().ok())
-                    .ok_or(MessageError::TooShort(buf.len()))?;
-                let len = u64::from_le_bytes(fields[..8].try_into().unwrap_or_default());
-                let addr = u64::from_le_bytes(fields[8..16].try_into().unwrap_or_default());
-                let rkey = u32::from_le_bytes(fields[16..].try_into().unwrap_or_default());
-                let (header, declared, _) = wire::decode_header(&body[20..])?;
-                if declared != len {
-                    return Err(MessageError::LengthMismatch {
-                        rts: len,
-                        header: declared,
-                    });
-                }
+                let tag = f.tag()?;
+                let len = f.u64()?;
+                let addr = f.u64()?;
+                let rkey = f.u32()?;
                 Message::ReadRts {
                     tag,
                     transfer,
-                    header,
+                    header: f.header_declaring(len)?,
                     len,
                     addr,
                     rkey,
                 }
             }
             kind::FIN => Message::Fin { transfer },
-            kind::CTS => {
-                let fields: [u8; 12] = body
-                    .get(..12)
-                    .and_then(|b| b.try_into().ok())
-                    .ok_or(MessageError::TooShort(buf.len()))?;
-                let addr = u64::from_le_bytes(fields[..8].try_into().unwrap_or_default());
-                let rkey = u32::from_le_bytes(fields[8..].try_into().unwrap_or_default());
-                Message::Cts {
-                    transfer,
-                    addr,
-                    rkey,
-                }
-            }
+            kind::CTS => Message::Cts {
+                transfer,
+                addr: f.u64()?,
+                rkey: f.u32()?,
+            },
             other => return Err(MessageError::UnknownKind(other)),
         };
         Ok((message, credits))
@@ -394,7 +423,10 @@ mod tests {
                 },
             },
             Message::Credit,
-            Message::LaneDown { lane: 3 },
+            Message::LaneDown {
+                lane: 3,
+                qpn: 0x00ab_cdef,
+            },
             Message::Bye { end: 1 << 40 },
             Message::Rts {
                 tag: StreamTag::whole(9),
@@ -437,6 +469,25 @@ mod tests {
         }
     }
 
+    /// Every truncation of `m`'s encoding is rejected, and so is a length field (right after
+    /// the stream tag) that disagrees with the frame header; returns the encoding.
+    fn rejects_truncation_and_a_wrong_length(m: &Message) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        m.encode(0, &mut bytes);
+        for cut in 0..bytes.len() {
+            assert!(
+                Message::decode(Bytes::copy_from_slice(&bytes[..cut])).is_err(),
+                "{m:?} cut at {cut}"
+            );
+        }
+        bytes[HEADER_LEN + StreamTag::LEN] ^= 1;
+        assert!(matches!(
+            Message::decode(Bytes::from(bytes.clone())),
+            Err(MessageError::LengthMismatch { .. })
+        ));
+        bytes
+    }
+
     #[test]
     fn garbage_is_an_error_not_a_panic() {
         assert_eq!(
@@ -451,54 +502,30 @@ mod tests {
             Message::decode(Bytes::from_static(&[MAGIC, 9, 0, 0, 0, 0, 0, 0])),
             Err(MessageError::UnknownKind(9))
         );
-        let mut rts = Vec::new();
-        Message::Rts {
+        // A LaneDown without its queue pair number.
+        assert_eq!(
+            Message::decode(Bytes::from_static(&[MAGIC, 6, 0, 0, 1, 0, 0, 0, 7])),
+            Err(MessageError::TooShort(9))
+        );
+        let mut bad = rejects_truncation_and_a_wrong_length(&Message::Rts {
             tag: StreamTag::whole(0),
             transfer: 1,
             header: Header::Eager(envelope(100)),
             len: 100,
-        }
-        .encode(0, &mut rts);
-        // Every truncation of a valid message is rejected.
-        for cut in 0..rts.len() {
-            assert!(
-                Message::decode(Bytes::copy_from_slice(&rts[..cut])).is_err(),
-                "cut at {cut}"
-            );
-        }
-        // A length that disagrees with the frame header.
-        rts[HEADER_LEN + StreamTag::LEN] ^= 1;
-        let mut bad = rts.clone();
-        // Part 0 of 0 parts.
+        });
+        // Part 0 of 0 parts is caught before the length.
         bad[HEADER_LEN + 10] = 0;
         assert_eq!(
             Message::decode(Bytes::from(bad)),
             Err(MessageError::BadTag { part: 0, parts: 0 })
         );
-        assert!(matches!(
-            Message::decode(Bytes::from(rts)),
-            Err(MessageError::LengthMismatch { .. })
-        ));
-        let mut read = Vec::new();
-        Message::ReadRts {
+        rejects_truncation_and_a_wrong_length(&Message::ReadRts {
             tag: StreamTag::whole(0),
             transfer: 1,
             header: Header::Eager(envelope(100)),
             len: 100,
             addr: 1 << 40,
             rkey: 9,
-        }
-        .encode(0, &mut read);
-        for cut in 0..read.len() {
-            assert!(
-                Message::decode(Bytes::copy_from_slice(&read[..cut])).is_err(),
-                "cut at {cut}"
-            );
-        }
-        read[HEADER_LEN + StreamTag::LEN] ^= 1;
-        assert!(matches!(
-            Message::decode(Bytes::from(read)),
-            Err(MessageError::LengthMismatch { .. })
-        ));
+        });
     }
 }

@@ -27,6 +27,7 @@ pub mod device;
 pub mod device_event;
 pub mod device_job;
 pub mod env;
+pub mod lane_reconnect;
 
 mod error;
 pub mod message;

@@ -85,6 +85,32 @@ pub struct QpAddress {
     pub qpn: QpNum,
 }
 
+impl QpAddress {
+    /// Bytes of its encoding: LID, GID, queue pair number (little-endian).
+    pub const ENCODED_LEN: usize = 2 + 16 + 4;
+
+    /// Appends its encoding (LID, GID, QPN; little-endian) to `out`.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.port.lid.to_le_bytes());
+        out.extend_from_slice(&self.port.gid);
+        out.extend_from_slice(&self.qpn.0.to_le_bytes());
+    }
+
+    /// Decodes an encoding at the start of `bytes` (`None` when it is too short).
+    pub fn decode(bytes: &[u8]) -> Option<QpAddress> {
+        let (lid, rest) = bytes.split_first_chunk::<2>()?;
+        let (gid, rest) = rest.split_first_chunk::<16>()?;
+        let (qpn, _) = rest.split_first_chunk::<4>()?;
+        Some(QpAddress {
+            port: PortAddress {
+                lid: u16::from_le_bytes(*lid),
+                gid: *gid,
+            },
+            qpn: QpNum(u32::from_le_bytes(*qpn)),
+        })
+    }
+}
+
 /// The memory a region is made of.
 #[derive(Debug)]
 pub enum Buffer {

@@ -147,7 +147,7 @@ const NO_ADDRESS: QpAddress = QpAddress {
 
 impl RcAddress {
     /// Bytes of the longest encoding: a count byte and 22 bytes per lane.
-    pub const MAX_ENCODED_LEN: usize = 1 + MAX_LANES * 22;
+    pub const MAX_ENCODED_LEN: usize = 1 + MAX_LANES * QpAddress::ENCODED_LEN;
 
     /// The addresses of `lanes` (1 to [`MAX_LANES`]).
     pub fn new(lanes: &[QpAddress]) -> Result<RcAddress, VerbsError> {
@@ -181,9 +181,7 @@ impl RcAddress {
     pub fn encode(&self, out: &mut Vec<u8>) {
         out.push(self.count);
         for a in self.lanes() {
-            out.extend_from_slice(&a.port.lid.to_le_bytes());
-            out.extend_from_slice(&a.port.gid);
-            out.extend_from_slice(&a.qpn.0.to_le_bytes());
+            a.encode(out);
         }
     }
 
@@ -194,25 +192,21 @@ impl RcAddress {
         if count == 0 || count > MAX_LANES {
             return None;
         }
-        let body = bytes.get(1..1 + count * 22)?;
+        let len = 1 + count * QpAddress::ENCODED_LEN;
+        let body = bytes.get(1..len)?;
         let mut lanes = [NO_ADDRESS; MAX_LANES];
-        for (slot, a) in lanes.iter_mut().zip(body.chunks_exact(22)) {
-            let mut gid = [0u8; 16];
-            gid.copy_from_slice(&a[2..18]);
-            *slot = QpAddress {
-                port: PortAddress {
-                    lid: u16::from_le_bytes([a[0], a[1]]),
-                    gid,
-                },
-                qpn: QpNum(u32::from_le_bytes([a[18], a[19], a[20], a[21]])),
-            };
+        for (slot, a) in lanes
+            .iter_mut()
+            .zip(body.chunks_exact(QpAddress::ENCODED_LEN))
+        {
+            *slot = QpAddress::decode(a)?;
         }
         Some((
             RcAddress {
                 count: count as u8,
                 lanes,
             },
-            1 + count * 22,
+            len,
         ))
     }
 }
@@ -233,6 +227,8 @@ pub struct RcCounters {
     pub failed_completions: u64,
     /// Peers reported lost.
     pub peers_lost: u64,
+    /// Failed lanes given a new queue pair (fail-back), the old one torn down.
+    pub lanes_reopened: u64,
 }
 
 /// Kinds of work request, in the top byte of `wr_id`.
@@ -261,6 +257,22 @@ mod wr {
     }
 }
 
+/// Where a lane stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum LaneState {
+    /// Made, waiting for the connection to the peer.
+    Unconnected,
+    /// Connected and carrying traffic.
+    Live,
+    /// Its queue pair failed (it stays in the error state); the lane waits for fail-back.
+    Failed,
+    /// A new queue pair replaced the failed one (receive buffers posted, fresh channel):
+    /// connected once `remote` is set, carrying traffic once the lane exchange is established.
+    Reopened,
+    /// The peer has no lane of this number: never used.
+    Absent,
+}
+
 /// One queue pair of a peer's connection, on one port.
 struct Lane {
     qp: QpNum,
@@ -268,7 +280,7 @@ struct Lane {
     remote: Option<QpAddress>,
     channel: RcChannel,
     recv_region: MemoryRegion,
-    failed: bool,
+    state: LaneState,
 }
 
 struct Peer {
@@ -284,28 +296,132 @@ impl Peer {
     fn usable(&self, lane: usize) -> bool {
         self.lanes
             .get(lane)
-            .is_some_and(|l| !l.failed && l.remote.is_some())
+            .is_some_and(|l| l.state == LaneState::Live)
     }
 
     /// Lane `lane` failed: the stream moves its frames to the other lanes, and the first of
     /// them tells the peer (which may not notice on its own: a queue pair whose peer's port
-    /// died fails only when it sends). Without a lane left, the peer has failed.
+    /// died fails only when it sends). Without a lane left, the peer has failed. A reopened
+    /// lane that fails (its port flapped) carried nothing yet: it only tells the peer, in
+    /// case the peer's side of it is connected already.
     fn fail_lane(&mut self, peer: u32, lane: usize) {
         let Some(l) = self.lanes.get_mut(lane) else {
             return;
         };
-        if l.failed {
+        let was = l.state;
+        if !matches!(
+            was,
+            LaneState::Live | LaneState::Unconnected | LaneState::Reopened
+        ) {
             return;
         }
-        l.failed = true;
+        l.state = LaneState::Failed;
+        let qpn = l.qp.0;
+        let connected = l.remote.is_some();
         tracing::debug!(peer, lane, "verbs: RC lane failed");
-        if !self.stream.lane_failed(lane) {
+        if was != LaneState::Reopened && !self.stream.lane_failed(lane) {
             self.failed = true;
             return;
         }
-        if let Some(other) = (0..self.lanes.len()).find(|&o| self.usable(o)) {
-            self.lanes[other].channel.report_lane_down(lane as u32);
+        if connected && let Some(other) = (0..self.lanes.len()).find(|&o| self.usable(o)) {
+            self.lanes[other].channel.report_lane_down(lane as u32, qpn);
         }
+    }
+}
+
+/// Creates a lane's queue pair for `peer` on `port`, registers its receive buffers and posts
+/// them; the lane is [`LaneState::Unconnected`] with a fresh channel (full credits).
+fn make_lane<P: Provider>(
+    port: &mut Port<P>,
+    peer: u32,
+    settings: &RcSettings,
+) -> Result<Lane, VerbsError> {
+    let len = settings.buffer_len;
+    let caps = QpCaps {
+        max_send_wr: settings.window * 2 + 16,
+        max_recv_wr: settings.window,
+        rnr_retry: 7,
+    };
+    let qp = port.provider.create_qp(QpKind::Rc, caps)?;
+    let recv_region =
+        match port
+            .provider
+            .register(Buffer::Owned(vec![0; len * settings.window as usize]))
+        {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = port.provider.destroy_qp(qp);
+                return Err(e);
+            }
+        };
+    for slot in 0..settings.window {
+        let posted = port.provider.post_recv(
+            qp,
+            wr::id(wr::RECV, peer, slot),
+            Sge {
+                mr: recv_region.id,
+                offset: slot as usize * len,
+                len,
+            },
+        );
+        if let Err(e) = posted {
+            let _ = port.provider.destroy_qp(qp);
+            let _ = port.provider.deregister(recv_region.id);
+            return Err(e);
+        }
+    }
+    Ok(Lane {
+        qp,
+        remote: None,
+        channel: RcChannel::new(ChannelConfig {
+            window: settings.window,
+            buffer_len: len,
+            max_transfer: settings.max_transfer,
+            read_min: settings.read_min,
+        }),
+        recv_region,
+        state: LaneState::Unconnected,
+    })
+}
+
+/// Releases what the replaced lane `old` of `peer` on `port` held: its queue pair (destroyed;
+/// it has been in the error state since the lane failed, so its flushed completions are
+/// behind), its receive buffers, the buffers of incoming transfers not completed, and the
+/// payload registrations of its outgoing transfers. Completions of the old queue pair that
+/// come later are ignored (it is no longer in `by_qp`, its RDMA requests are forgotten).
+fn tear_down_lane<P: Provider>(port: &mut Port<P>, peer: u32, old: &mut Lane) {
+    port.by_qp.remove(&old.qp);
+    port.reads.retain(|_, (p, _)| *p != peer);
+    let writes: Vec<u32> = port
+        .writes
+        .iter()
+        .filter(|(_, (_, p, _))| *p == peer)
+        .map(|(&id, _)| id)
+        .collect();
+    for id in writes {
+        if let Some((mr, _, _)) = port.writes.remove(&id) {
+            port.cache.release(mr);
+        }
+    }
+    for mr in old.channel.take_read_sources() {
+        port.cache.release(mr);
+    }
+    let buffers = old
+        .channel
+        .take_incoming_writes()
+        .into_iter()
+        .chain(old.channel.take_incoming_reads())
+        .chain([old.recv_region.id]);
+    for mr in buffers {
+        if let Err(e) = port.provider.deregister(mr) {
+            tracing::debug!(peer, error = %e, "verbs: old lane's buffer not deregistered");
+        }
+    }
+    if let Err(e) = port.provider.destroy_qp(old.qp) {
+        tracing::debug!(peer, error = %e, "verbs: old lane's queue pair not destroyed");
+    }
+    for id in port.cache.evict() {
+        let _ = port.provider.deregister(id);
     }
 }
 
@@ -407,6 +523,10 @@ struct State<P: Provider> {
     completions: Vec<Completion>,
     closed_at: Option<Instant>,
     counters: RcCounters,
+    /// Per port: whether it is up, as its device events tell.
+    port_up: Vec<bool>,
+    /// Failed lanes whose port came back: `(peer, lane)`, until they are live again.
+    reopen_wanted: Vec<(u32, usize)>,
 }
 
 impl<P: Provider> RcTransport<P> {
@@ -438,6 +558,7 @@ impl<P: Provider> RcTransport<P> {
                 c.stream.bytes_per_lane[i] += sc.bytes_per_lane[i];
             }
             c.stream.lane_failures += sc.lane_failures;
+            c.stream.lane_restorations += sc.lane_restorations;
             c.stream.replayed += sc.replayed;
             c.stream.duplicates += sc.duplicates;
             c.stream.frames_delivered += sc.frames_delivered;
@@ -479,6 +600,52 @@ impl<P: Provider> RcTransport<P> {
     /// same `remote` does nothing, another `remote` is an error.
     pub fn connect_peer(&self, peer: u32, remote: RcAddress) -> Result<(), VerbsError> {
         self.lock().connect_peer(peer, remote)
+    }
+
+    /// The lanes to re-establish, `(peer, lane)`: failed lanes whose port came back
+    /// ([`PortChange::Up`]) and that are not live again, while the port is up and the peer not
+    /// lost. The driver runs the lane exchange for each (see
+    /// [`lane_reconnect`](super::lane_reconnect)); a lane stays in this list until
+    /// [`lane_established`](Self::lane_established), so a failed exchange is tried again.
+    pub fn lanes_to_reopen(&self) -> Vec<(u32, usize)> {
+        self.lock().lanes_to_reopen()
+    }
+
+    /// Gives lane `lane` of `peer` a new RC queue pair with its receive buffers posted and a
+    /// fresh channel (full credits), not connected yet, and returns its address; the old
+    /// queue pair is destroyed and its buffers deregistered. A lane that is still live fails
+    /// first (its frames move to the other lanes). A lane reopened already and not connected
+    /// keeps its new queue pair (a repeat returns the same address). An error if the peer or
+    /// the lane does not exist, was never connected, or the peer is lost.
+    pub fn reopen_lane(&self, peer: u32, lane: usize) -> Result<QpAddress, VerbsError> {
+        self.lock().reopen_lane(peer, lane)
+    }
+
+    /// Connects the new queue pair of lane `lane` of `peer` (from
+    /// [`reopen_lane`](Self::reopen_lane)) to the peer's new one, `remote`; it receives from
+    /// now on but sends only after [`lane_established`](Self::lane_established). A repeat
+    /// with the same `remote` does nothing; another `remote`, or a lane not reopened, is an
+    /// error.
+    pub fn connect_lane(
+        &self,
+        peer: u32,
+        lane: usize,
+        remote: QpAddress,
+    ) -> Result<(), VerbsError> {
+        self.lock().connect_lane(peer, lane, remote)
+    }
+
+    /// The lane exchange for lane `lane` of `peer` is complete: the lane carries traffic
+    /// again (striping resumes over it). Returns whether the lane was waiting for that (a
+    /// lane that failed again meanwhile stays down).
+    pub fn lane_established(&self, peer: u32, lane: usize) -> bool {
+        self.lock().lane_established(peer, lane)
+    }
+
+    /// The lane exchange for lane `lane` of `peer` ran out of retransmissions: a reopened lane
+    /// fails again (and tells the peer); it is tried again while its port is up.
+    pub fn abandon_reopened_lane(&self, peer: u32, lane: usize) {
+        self.lock().abandon_reopened_lane(peer, lane);
     }
 
     /// Whether the connection to `peer` is made and some lane of it has not failed.
@@ -539,6 +706,7 @@ impl<P: Provider> State<P> {
                 by_qp: FxHashMap::default(),
             });
         }
+        let port_up = vec![true; ports.len()];
         Ok(State {
             rank,
             settings,
@@ -548,6 +716,8 @@ impl<P: Provider> State<P> {
             completions: Vec::new(),
             closed_at: None,
             counters: RcCounters::default(),
+            port_up,
+            reopen_wanted: Vec::new(),
         })
     }
 
@@ -581,43 +751,11 @@ impl<P: Provider> State<P> {
         if let Some(p) = slot {
             return Ok(self.address_of(p));
         }
-        let settings = self.settings;
-        let len = settings.buffer_len;
-        let caps = QpCaps {
-            max_send_wr: settings.window * 2 + 16,
-            max_recv_wr: settings.window,
-            rnr_retry: 7,
-        };
         let mut lanes = Vec::with_capacity(self.ports.len());
         for port in &mut self.ports {
-            let qp = port.provider.create_qp(QpKind::Rc, caps)?;
-            let recv_region =
-                port.provider
-                    .register(Buffer::Owned(vec![0; len * settings.window as usize]))?;
-            for slot in 0..settings.window {
-                port.provider.post_recv(
-                    qp,
-                    wr::id(wr::RECV, peer, slot),
-                    Sge {
-                        mr: recv_region.id,
-                        offset: slot as usize * len,
-                        len,
-                    },
-                )?;
-            }
-            port.by_qp.insert(qp, peer);
-            lanes.push(Lane {
-                qp,
-                remote: None,
-                channel: RcChannel::new(ChannelConfig {
-                    window: settings.window,
-                    buffer_len: len,
-                    max_transfer: settings.max_transfer,
-                    read_min: settings.read_min,
-                }),
-                recv_region,
-                failed: false,
-            });
+            let lane = make_lane(port, peer, &self.settings)?;
+            port.by_qp.insert(lane.qp, peer);
+            lanes.push(lane);
         }
         let stream = PeerStream::new(lanes.len(), self.stream_config());
         let p = Peer {
@@ -656,10 +794,13 @@ impl<P: Provider> State<P> {
             let qp = p.lanes[i].qp;
             self.ports[i].provider.connect(qp, *r, 0)?;
             p.lanes[i].remote = Some(*r);
+            if p.lanes[i].state == LaneState::Unconnected {
+                p.lanes[i].state = LaneState::Live;
+            }
         }
         // Lanes the peer does not have stay unused.
         for l in &mut p.lanes[used..] {
-            l.failed = true;
+            l.state = LaneState::Absent;
         }
         if used < p.lanes.len() && p.stream.end() == 0 {
             p.stream = PeerStream::new(used, config);
@@ -675,13 +816,7 @@ impl<P: Provider> State<P> {
             for port in 0..self.ports.len() {
                 while let Some(change) = self.ports[port].provider.poll_port_change() {
                     total += 1;
-                    if change == PortChange::Down {
-                        // The device said so: fail the lanes now rather than when their next
-                        // work request times out.
-                        for peer in 0..self.peers.len() as u32 {
-                            self.lane_failed(peer, port);
-                        }
-                    }
+                    self.port_changed(port, change);
                 }
                 let mut batch = std::mem::take(&mut self.completions);
                 batch.clear();
@@ -697,6 +832,151 @@ impl<P: Provider> State<P> {
             if total == 0 {
                 return Ok(());
             }
+        }
+    }
+
+    /// The device reported a change of port `port`. Down: every lane on it fails now rather
+    /// than when its next work request times out. Up: every failed lane on it is to be
+    /// re-established ([`RcTransport::lanes_to_reopen`]); this side's port was the one down,
+    /// so this side asks.
+    fn port_changed(&mut self, port: usize, change: PortChange) {
+        let up = change == PortChange::Up;
+        self.port_up[port] = up;
+        self.reopen_wanted.retain(|&(_, lane)| lane != port);
+        for peer in 0..self.peers.len() as u32 {
+            if !up {
+                self.lane_failed(peer, port);
+            } else if let Some(Some(p)) = self.peers.get(peer as usize)
+                && p.connected
+                && !p.failed
+                && p.lanes
+                    .get(port)
+                    .is_some_and(|l| matches!(l.state, LaneState::Failed | LaneState::Reopened))
+            {
+                self.reopen_wanted.push((peer, port));
+            }
+        }
+    }
+
+    /// The failed lanes whose port came back and that are not live again yet, while their
+    /// port is up and their peer not lost: `(peer, lane)`.
+    fn lanes_to_reopen(&self) -> Vec<(u32, usize)> {
+        self.reopen_wanted
+            .iter()
+            .copied()
+            .filter(|&(peer, lane)| {
+                self.port_up[lane]
+                    && matches!(self.peers.get(peer as usize), Some(Some(p))
+                        if !p.failed && p.lanes.get(lane).is_some_and(|l| l.state != LaneState::Live))
+            })
+            .collect()
+    }
+
+    /// Gives lane `lane` of `peer` a new queue pair, not connected (see
+    /// [`RcTransport::reopen_lane`]).
+    fn reopen_lane(&mut self, peer: u32, lane: usize) -> Result<QpAddress, VerbsError> {
+        let no_lane = || VerbsError::InvalidSetting(format!("no lane {lane} to rank {peer}"));
+        let Some(Some(p)) = self.peers.get_mut(peer as usize) else {
+            return Err(no_lane());
+        };
+        let Some(l) = p.lanes.get(lane) else {
+            return Err(no_lane());
+        };
+        if !p.connected || p.failed || matches!(l.state, LaneState::Absent | LaneState::Unconnected)
+        {
+            return Err(no_lane());
+        }
+        let port_address = self.ports[lane].provider.port();
+        if l.state == LaneState::Reopened && l.remote.is_none() {
+            return Ok(QpAddress {
+                port: port_address,
+                qpn: l.qp,
+            });
+        }
+        // Still live (the peer's side failed, this side had not noticed) or reopened and
+        // connected to a queue pair the peer has replaced since: it fails first.
+        p.fail_lane(peer, lane);
+        if p.failed {
+            return Err(no_lane());
+        }
+        let fresh = make_lane(&mut self.ports[lane], peer, &self.settings)?;
+        let Some(Some(p)) = self.peers.get_mut(peer as usize) else {
+            return Err(no_lane());
+        };
+        let mut old = std::mem::replace(&mut p.lanes[lane], fresh);
+        p.lanes[lane].state = LaneState::Reopened;
+        let qp = p.lanes[lane].qp;
+        let port = &mut self.ports[lane];
+        port.by_qp.insert(qp, peer);
+        tear_down_lane(port, peer, &mut old);
+        self.counters.lanes_reopened += 1;
+        Ok(QpAddress {
+            port: port_address,
+            qpn: qp,
+        })
+    }
+
+    /// Connects the reopened lane `lane` of `peer` to the peer's new queue pair `remote`; a
+    /// repeat with the same `remote` does nothing.
+    fn connect_lane(
+        &mut self,
+        peer: u32,
+        lane: usize,
+        remote: QpAddress,
+    ) -> Result<(), VerbsError> {
+        let Some(Some(p)) = self.peers.get_mut(peer as usize) else {
+            return Err(VerbsError::InvalidSetting(format!("no peer {peer}")));
+        };
+        let Some(l) = p
+            .lanes
+            .get_mut(lane)
+            .filter(|l| l.state == LaneState::Reopened)
+        else {
+            return Err(VerbsError::InvalidSetting(format!(
+                "lane {lane} to rank {peer} has no new queue pair to connect"
+            )));
+        };
+        match l.remote {
+            None => {
+                self.ports[lane].provider.connect(l.qp, remote, 0)?;
+                l.remote = Some(remote);
+                Ok(())
+            }
+            Some(r) if r == remote => Ok(()),
+            Some(r) => Err(VerbsError::InvalidSetting(format!(
+                "lane {lane} to rank {peer} is connected to {r:?}, not {remote:?}"
+            ))),
+        }
+    }
+
+    /// The reopened, connected lane `lane` of `peer` carries traffic again; returns whether it
+    /// was waiting for that.
+    fn lane_established(&mut self, peer: u32, lane: usize) -> bool {
+        let Some(Some(p)) = self.peers.get_mut(peer as usize) else {
+            return false;
+        };
+        match p.lanes.get_mut(lane) {
+            Some(l) if l.state == LaneState::Reopened && l.remote.is_some() && !p.failed => {
+                l.state = LaneState::Live;
+            }
+            _ => return false,
+        }
+        p.stream.lane_restored(lane);
+        tracing::debug!(peer, lane, "verbs: RC lane back");
+        self.reopen_wanted.retain(|&(q, l)| (q, l) != (peer, lane));
+        self.service(peer);
+        true
+    }
+
+    /// The lane exchange for the reopened lane `lane` of `peer` failed: the lane fails again
+    /// (telling the peer, whose side may be connected already).
+    fn abandon_reopened_lane(&mut self, peer: u32, lane: usize) {
+        if let Some(Some(p)) = self.peers.get_mut(peer as usize)
+            && p.lanes
+                .get(lane)
+                .is_some_and(|l| l.state == LaneState::Reopened)
+        {
+            p.fail_lane(peer, lane);
         }
     }
 
@@ -741,6 +1021,7 @@ impl<P: Provider> State<P> {
                 && let Some((peer, transfer)) = pt.reads.remove(&index)
                 && let Some(Some(p)) = self.peers.get_mut(peer as usize)
                 && let Some(l) = p.lanes.get_mut(port)
+                && l.qp == c.qpn
                 && let Some(mr) = l.channel.abandon_read(transfer)
             {
                 // The lane fails below; the sender sends the frame again on another lane.
@@ -807,7 +1088,8 @@ impl<P: Provider> State<P> {
         let Some(Some(p)) = self.peers.get_mut(peer as usize) else {
             return Ok(());
         };
-        let Some(l) = p.lanes.get_mut(lane) else {
+        // A completion of a queue pair the lane has replaced since is stale.
+        let Some(l) = p.lanes.get_mut(lane).filter(|l| l.qp == c.qpn) else {
             return Ok(());
         };
         let (qp, region) = (l.qp, l.recv_region.id);
@@ -895,7 +1177,7 @@ impl<P: Provider> State<P> {
                 port.cache.release(mr);
                 p.stream.on_delivered(tag);
             }
-            if l.failed {
+            if l.state == LaneState::Failed {
                 for mr in l.channel.take_read_sources() {
                     port.cache.release(mr);
                 }
@@ -945,10 +1227,20 @@ impl<P: Provider> State<P> {
                     protocol_error = true;
                 }
             }
-            while let Some(lane) = l.channel.poll_lane_down() {
-                down.push(lane as usize);
+            while let Some(report) = l.channel.poll_lane_down() {
+                down.push(report);
             }
         }
+        // A report about a queue pair the lane is no longer connected to is stale: the lane
+        // was re-established since.
+        let down: Vec<usize> = down
+            .into_iter()
+            .filter_map(|(lane, qpn)| {
+                let lane = usize::try_from(lane).ok()?;
+                let l = p.lanes.get(lane)?;
+                (l.remote.map(|r| r.qpn.0) == Some(qpn)).then_some(lane)
+            })
+            .collect();
         if !down.is_empty() {
             for lane in down {
                 p.fail_lane(peer, lane);
@@ -1120,7 +1412,7 @@ impl<P: Provider> State<P> {
                 || (p.stream.is_idle()
                     && p.lanes
                         .iter()
-                        .all(|l| l.failed || l.remote.is_none() || l.channel.is_idle()))
+                        .all(|l| l.state != LaneState::Live || l.channel.is_idle()))
         });
         let sends_done = self
             .ports

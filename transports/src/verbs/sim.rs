@@ -29,8 +29,14 @@
 //!   [`SimFabric::drop_datagrams_matching`] those with given bytes,
 //!   [`SimFabric::set_datagram_loss`] a random share of all), [`SimFabric::hold_next_datagram`]
 //!   delivers one after the next (reordering), and [`SimFabric::fail_port`] takes a port down:
-//!   its queue pairs' outstanding requests fail ([`CompletionStatus::RetryExceeded`]) and RC
-//!   requests towards it fail the same way when they are executed.
+//!   its RC queue pairs' outstanding requests fail ([`CompletionStatus::RetryExceeded`]), the
+//!   queue pairs enter the error state, and RC requests towards it fail the same way when they
+//!   are executed; its UD queue pairs stay usable but every datagram from or to the port is
+//!   lost (as on InfiniBand, where UD has no connection to break). Both raise the port's
+//!   asynchronous event ([`PortChange::Down`]). [`SimFabric::restore_port`] brings the port
+//!   back ([`PortChange::Up`], as `IBV_EVENT_PORT_ACTIVE`): new queue pairs can be made and
+//!   UD datagrams flow again; RC queue pairs in the error state stay there (a new connection
+//!   is needed, as on hardware).
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -159,6 +165,27 @@ impl SimFabric {
         self.lock().hold_datagram = true;
     }
 
+    /// Brings the port with LID `lid` back up after [`fail_port`](Self::fail_port) and
+    /// raises its "port active" event ([`PortChange::Up`], the device's
+    /// `IBV_EVENT_PORT_ACTIVE`); does nothing to a port that is up or unknown.
+    pub fn restore_port(&self, lid: u16) {
+        let mut f = self.lock();
+        let Some(port) = f.port_mut(lid) else { return };
+        if port.up {
+            return;
+        }
+        port.up = true;
+        port.changes.push_back(PortChange::Up);
+        if let Some(w) = port.waker.take() {
+            w.wake();
+        }
+    }
+
+    /// Whether the port with LID `lid` is up (`false` for an unknown port).
+    pub fn is_port_up(&self, lid: u16) -> bool {
+        self.lock().port_up(lid)
+    }
+
     /// Takes the port with LID `lid` down (see the [module docs](self)).
     pub fn fail_port(&self, lid: u16) {
         let mut f = self.lock();
@@ -174,7 +201,7 @@ impl SimFabric {
         let qps: Vec<u32> = f
             .qps
             .iter()
-            .filter(|(_, q)| q.lid == lid && q.state != QpState::Error)
+            .filter(|(_, q)| q.lid == lid && q.kind == QpKind::Rc && q.state != QpState::Error)
             .map(|(&n, _)| n)
             .collect();
         for qpn in qps {
@@ -523,6 +550,16 @@ impl Fabric {
         let lid = qp.lid;
         let kind = send_kind(&request.op);
         if !self.port_up(lid) {
+            if matches!(request.op, SendOp::SendTo { .. }) {
+                // UD: the datagram is lost on the dead link; the send itself completes.
+                self.counters.datagrams_dropped_fault += 1;
+                return Attempt::Done(completion(
+                    request.wr_id,
+                    qpn,
+                    CompletionStatus::Success,
+                    kind,
+                ));
+            }
             return Attempt::Failed(CompletionStatus::RetryExceeded);
         }
         if let SendOp::SendTo {

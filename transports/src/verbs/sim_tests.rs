@@ -476,6 +476,71 @@ fn a_failed_port_fails_outstanding_and_later_rc_requests() {
     ));
 }
 
+/// A port that comes back raises `Up` after its `Down`; its failed RC queue pairs stay in
+/// error, new ones connect and carry traffic; its UD queue pair lost the datagrams sent while
+/// it was down but was never broken.
+#[test]
+fn a_restored_port_raises_up_and_takes_new_rc_and_old_ud_queue_pairs() {
+    let mut t = rc_pair(CAPS);
+    let lid = t.a.port().lid;
+    let ud_a = t.a.create_qp(QpKind::Ud, CAPS).unwrap();
+    let ud_b = t.b.create_qp(QpKind::Ud, CAPS).unwrap();
+    for (p, q) in [(&mut t.a, ud_a), (&mut t.b, ud_b)] {
+        let own = QpAddress {
+            port: p.port(),
+            qpn: q,
+        };
+        p.connect(q, own, 0x1111).unwrap();
+    }
+    t.b.post_recv(ud_b, 50, sge(&t.mb, 1024, 512)).unwrap();
+    t.b.post_recv(ud_b, 51, sge(&t.mb, 1536, 512)).unwrap();
+    let ah = t.a.create_ah(t.b.port()).unwrap();
+    // Restoring a port that is up does nothing.
+    t.fabric.restore_port(lid);
+    assert_eq!(t.a.poll_port_change(), None);
+    t.fabric.fail_port(lid);
+    assert!(!t.fabric.is_port_up(lid));
+    assert_eq!(t.a.poll_port_change(), Some(PortChange::Down));
+    // A datagram from the dead port is lost; the UD send completes anyway.
+    ud_send(&mut t.a, ud_a, &t.ma, ah, ud_b, b"lost");
+    let done = poll(&mut t.a);
+    assert!(
+        done.iter().all(|c| c.status == CompletionStatus::Success),
+        "{done:?}"
+    );
+    assert!(poll(&mut t.b).is_empty());
+    t.fabric.restore_port(lid);
+    t.fabric.restore_port(lid);
+    assert!(t.fabric.is_port_up(lid));
+    assert_eq!(t.a.poll_port_change(), Some(PortChange::Up));
+    assert_eq!(t.a.poll_port_change(), None);
+    // The old RC queue pair stays in error.
+    t.a.post_send(t.qa, send(3, sge(&t.ma, 0, 8), None))
+        .unwrap();
+    assert_eq!(poll(&mut t.a)[0].status, CompletionStatus::Flushed);
+    // The UD queue pair works again.
+    ud_send(&mut t.a, ud_a, &t.ma, ah, ud_b, b"back");
+    let got = poll(&mut t.b);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(t.b.read_local(t.mb.id, 1024 + GRH_LEN, 4).unwrap(), b"back");
+    // A new RC pair on the restored port connects and carries a message.
+    let qa = t.a.create_qp(QpKind::Rc, CAPS).unwrap();
+    let qb = t.b.create_qp(QpKind::Rc, CAPS).unwrap();
+    let (pa, pb) = (t.a.port(), t.b.port());
+    t.a.connect(qa, QpAddress { port: pb, qpn: qb }, 0).unwrap();
+    t.b.connect(qb, QpAddress { port: pa, qpn: qa }, 0).unwrap();
+    t.b.post_recv(qb, 9, sge(&t.mb, 0, 64)).unwrap();
+    t.a.write_local(t.ma.id, 0, b"again").unwrap();
+    t.a.post_send(qa, send(4, sge(&t.ma, 0, 5), None)).unwrap();
+    assert_eq!(poll(&mut t.a)[0].status, CompletionStatus::Success);
+    let got = poll(&mut t.b);
+    assert_eq!(
+        (got[0].wr_id, got[0].status),
+        (9, CompletionStatus::Success)
+    );
+    assert_eq!(t.b.read_local(t.mb.id, 0, 5).unwrap(), b"again");
+}
+
 struct Flag(std::sync::atomic::AtomicBool);
 impl Wake for Flag {
     fn wake(self: std::sync::Arc<Self>) {

@@ -84,6 +84,8 @@ pub struct StreamCounters {
     pub bytes_per_lane: [u64; MAX_LANES],
     /// Lanes that failed.
     pub lane_failures: u64,
+    /// Lanes that came back after a failure ([`PeerStream::lane_restored`]).
+    pub lane_restorations: u64,
     /// Parts queued again on another lane after their lane failed.
     pub replayed: u64,
     /// Parts received that were already received (dropped).
@@ -263,6 +265,21 @@ impl PeerStream {
             self.outbox.push_front(key);
         }
         true
+    }
+
+    /// Lane `lane` carries traffic again (a new queue pair replaced the failed one): later
+    /// frames use it (it is the primary lane again if it is the first one up, and large frames
+    /// are striped over it). Parts replayed elsewhere stay where they are. Returns whether the
+    /// lane was down.
+    pub fn lane_restored(&mut self, lane: usize) -> bool {
+        match self.up.get_mut(lane) {
+            Some(up) if !*up => {
+                *up = true;
+                self.counters.lane_restorations += 1;
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Whether everything sent has been reported delivered.

@@ -224,3 +224,47 @@ fn duplicates_are_dropped_and_counted() {
     check(&rx.poll_frame().unwrap(), 0, 3);
     assert!(rx.poll_frame().is_none(), "frame 1 is missing");
 }
+
+/// A failed lane that is restored carries new frames again (the primary's eager frames, and
+/// its share of striped ones), while what was replayed elsewhere stays there; the receiver
+/// gets everything once, in order.
+#[test]
+fn a_restored_lane_carries_new_frames_again() {
+    let mut tx = PeerStream::new(2, CONFIG);
+    let mut rx = PeerStream::new(2, CONFIG);
+    tx.send(frame(0, 2000));
+    assert!(tx.lane_failed(0));
+    let mut sent = Vec::new();
+    while let Some(t) = tx.poll_transmit() {
+        sent.push(t);
+    }
+    // Both parts went to lane 1 (replayed or not).
+    assert!(sent.iter().all(|(lane, _, _)| *lane == 1), "{sent:?}");
+    assert!(!tx.lane_restored(1), "lane 1 was up");
+    assert!(tx.lane_restored(0));
+    assert!(!tx.lane_restored(0), "a repeat changes nothing");
+    assert!(tx.is_up(0));
+    tx.send(frame(1, 10));
+    tx.send(frame(2, 3000));
+    while let Some(t) = tx.poll_transmit() {
+        sent.push(t);
+    }
+    let after: Vec<(usize, u64, u16)> = sent[2..]
+        .iter()
+        .map(|(lane, tag, _)| (*lane, tag.seq, tag.part))
+        .collect();
+    assert_eq!(after, [(0, 1, 0), (0, 2, 0), (1, 2, 1)]);
+    let c = tx.counters();
+    assert_eq!((c.lane_failures, c.lane_restorations), (1, 1));
+    assert!(c.bytes_per_lane[0] >= 1500 + 10, "{c:?}");
+    // Delivered in any lane order, the receiver restores the sender's order.
+    for (_, tag, f) in sent.into_iter().rev() {
+        tx.on_delivered(tag);
+        rx.on_part(tag, f).unwrap();
+    }
+    check(&rx.poll_frame().unwrap(), 0, 2000);
+    check(&rx.poll_frame().unwrap(), 1, 10);
+    check(&rx.poll_frame().unwrap(), 2, 3000);
+    assert!(rx.poll_frame().is_none());
+    assert!(tx.is_idle());
+}
