@@ -33,6 +33,9 @@ use std::time::{Duration, Instant};
 
 use rustc_hash::FxHashMap;
 
+use super::control_retry::{
+    ControlCounters, ExchangeState, Expiry, RetryTimer, earliest_due, expire_due, normalized,
+};
 use super::provider::QpAddress;
 use super::rc::RcAddress;
 
@@ -273,27 +276,7 @@ pub enum CmEvent {
 }
 
 /// Counters of a [`ConnectionManager`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CmCounters {
-    /// Requests sent, retransmissions included.
-    pub requests_sent: u64,
-    /// Replies sent, retransmissions and answers to duplicates included.
-    pub replies_sent: u64,
-    /// Confirms sent.
-    pub confirms_sent: u64,
-    /// Retransmissions after a timeout.
-    pub retransmissions: u64,
-    /// Messages that were duplicates or stale and changed nothing.
-    pub duplicates: u64,
-    /// Requests ignored because this rank's own simultaneous request wins the tie-break.
-    pub ties_won: u64,
-    /// Own attempts abandoned because the peer's simultaneous request won.
-    pub ties_lost: u64,
-    /// Connections established.
-    pub established: u64,
-    /// Attempts that failed.
-    pub failed: u64,
-}
+pub type CmCounters = ControlCounters;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum PeerState {
@@ -303,16 +286,14 @@ enum PeerState {
     Requesting {
         seq: u32,
         local: RcAddress,
-        sends: u32,
-        due: Instant,
+        retry: RetryTimer,
     },
     /// This rank answered a Request and waits for the Confirm.
     Accepting {
         seq: u32,
         local: RcAddress,
         remote: RcAddress,
-        sends: u32,
-        due: Instant,
+        retry: RetryTimer,
     },
     /// Connected (as requester or responder) by the attempt `seq`.
     Connected {
@@ -320,6 +301,27 @@ enum PeerState {
         local: RcAddress,
         remote: RcAddress,
     },
+}
+
+impl ExchangeState<u32> for PeerState {
+    const IDLE: PeerState = PeerState::Idle;
+
+    fn waiting(&mut self, _peer: u32) -> Option<(&mut RetryTimer, CmMessage)> {
+        match *self {
+            PeerState::Requesting {
+                seq,
+                local,
+                ref mut retry,
+            } => Some((retry, CmMessage::Request { seq, qp: local })),
+            PeerState::Accepting {
+                seq,
+                local,
+                ref mut retry,
+                ..
+            } => Some((retry, CmMessage::Reply { seq, qp: local })),
+            _ => None,
+        }
+    }
 }
 
 /// The connection set-up of one rank with all its peers (see the [module docs](self)).
@@ -340,10 +342,7 @@ impl ConnectionManager {
     pub fn new(rank: u32, config: CmConfig) -> ConnectionManager {
         ConnectionManager {
             rank,
-            config: CmConfig {
-                attempts: config.attempts.max(1),
-                ..config
-            },
+            config: normalized(config),
             peers: FxHashMap::default(),
             next_seq: FxHashMap::default(),
             transmits: VecDeque::new(),
@@ -374,12 +373,6 @@ impl ConnectionManager {
         )
     }
 
-    fn backoff(&self, sends: u32) -> Duration {
-        self.config
-            .retransmit
-            .saturating_mul(1u32 << sends.saturating_sub(1).min(16))
-    }
-
     /// Starts connecting to `peer`, whose RC queue pair on this rank is `local`. Does nothing
     /// when connected or connecting already, or when `peer` is this rank.
     pub fn start(&mut self, now: Instant, peer: u32, local: RcAddress) {
@@ -394,23 +387,15 @@ impl ConnectionManager {
             PeerState::Requesting {
                 seq,
                 local,
-                sends: 1,
-                due: now + self.backoff(1),
+                retry: RetryTimer::started(now, &self.config),
             },
         );
         self.send(peer, CmMessage::Request { seq, qp: local });
     }
 
     fn send(&mut self, peer: u32, m: CmMessage) {
-        match m {
-            CmMessage::Request { .. } => self.counters.requests_sent += 1,
-            CmMessage::Reply { .. } => self.counters.replies_sent += 1,
-            CmMessage::Confirm { .. } => self.counters.confirms_sent += 1,
-            // Lane messages are the lane reconnector's; this manager makes none.
-            CmMessage::LaneRequest { .. }
-            | CmMessage::LaneReply { .. }
-            | CmMessage::LaneConfirm { .. } => {}
-        }
+        // Lane messages are the lane reconnector's; this manager makes none.
+        self.counters.count_sent(&m);
         self.transmits.push_back((peer, m));
     }
 
@@ -496,8 +481,7 @@ impl ConnectionManager {
                 seq,
                 local,
                 remote,
-                sends: 1,
-                due: now + self.backoff(1),
+                retry: RetryTimer::started(now, &self.config),
             },
         );
         self.send(peer, CmMessage::Reply { seq, qp: local });
@@ -512,65 +496,16 @@ impl ConnectionManager {
 
     /// The earliest retransmission deadline, if any attempt is under way.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.peers
-            .values()
-            .filter_map(|s| match s {
-                PeerState::Requesting { due, .. } | PeerState::Accepting { due, .. } => Some(*due),
-                _ => None,
-            })
-            .min()
+        earliest_due(&self.peers)
     }
 
     /// Retransmits what is due, and fails attempts that ran out of sends.
     pub fn handle_timeout(&mut self, now: Instant) {
-        let due: Vec<u32> = self
-            .peers
-            .iter()
-            .filter(|(_, s)| match s {
-                PeerState::Requesting { due, .. } | PeerState::Accepting { due, .. } => *due <= now,
-                _ => false,
-            })
-            .map(|(&p, _)| p)
-            .collect();
-        for peer in due {
-            let attempts = self.config.attempts;
-            let (message, sends) = match self.peers.get(&peer) {
-                Some(PeerState::Requesting {
-                    seq, local, sends, ..
-                }) => (
-                    CmMessage::Request {
-                        seq: *seq,
-                        qp: *local,
-                    },
-                    *sends,
-                ),
-                Some(PeerState::Accepting {
-                    seq, local, sends, ..
-                }) => (
-                    CmMessage::Reply {
-                        seq: *seq,
-                        qp: *local,
-                    },
-                    *sends,
-                ),
-                _ => continue,
-            };
-            if sends >= attempts {
-                self.peers.insert(peer, PeerState::Idle);
-                self.counters.failed += 1;
-                self.events.push_back(CmEvent::Failed { peer });
-                continue;
+        for expiry in expire_due(&mut self.peers, now, &self.config, &mut self.counters) {
+            match expiry {
+                Expiry::Resend(peer, message) => self.send(peer, message),
+                Expiry::GiveUp(peer) => self.events.push_back(CmEvent::Failed { peer }),
             }
-            let next_due = now + self.backoff(sends + 1);
-            if let Some(
-                PeerState::Requesting { sends, due, .. } | PeerState::Accepting { sends, due, .. },
-            ) = self.peers.get_mut(&peer)
-            {
-                *sends += 1;
-                *due = next_due;
-            }
-            self.counters.retransmissions += 1;
-            self.send(peer, message);
         }
     }
 

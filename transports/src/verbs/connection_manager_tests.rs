@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use super::*;
 
 use crate::verbs::provider::{PortAddress, QpAddress, QpNum};
+use crate::verbs::test_support::{LossyWire, XorShift};
 
 /// Rank `rank`'s queue pairs: two lanes for odd ranks, one for even ones.
 fn qp(rank: u32) -> RcAddress {
@@ -24,10 +25,8 @@ fn qp(rank: u32) -> RcAddress {
 struct Pair {
     cm: [ConnectionManager; 2],
     now: Instant,
-    /// In flight: (to, from, message).
-    wire: Vec<(u32, u32, CmMessage)>,
+    wire: LossyWire<CmMessage>,
     events: [Vec<CmEvent>; 2],
-    rng: u64,
 }
 
 impl Pair {
@@ -38,17 +37,9 @@ impl Pair {
                 ConnectionManager::new(1, CmConfig::default()),
             ],
             now: Instant::now(),
-            wire: Vec::new(),
+            wire: LossyWire::new(seed),
             events: [Vec::new(), Vec::new()],
-            rng: seed | 1,
         }
-    }
-
-    fn random(&mut self) -> u64 {
-        self.rng ^= self.rng << 13;
-        self.rng ^= self.rng >> 7;
-        self.rng ^= self.rng << 17;
-        self.rng
     }
 
     fn collect(&mut self) {
@@ -58,7 +49,7 @@ impl Pair {
                 let mut bytes = Vec::new();
                 m.encode(&mut bytes);
                 self.wire
-                    .push((to, r, CmMessage::decode(&bytes).expect("decodes")));
+                    .send(to, r, CmMessage::decode(&bytes).expect("decodes"));
             }
             while let Some(e) = self.cm[r as usize].poll_event() {
                 self.events[r as usize].push(e);
@@ -70,21 +61,9 @@ impl Pair {
     /// percent, in random order when `shuffle`.
     fn deliver(&mut self, loss: u64, dup: u64, shuffle: bool) {
         self.collect();
-        let mut batch = std::mem::take(&mut self.wire);
-        if shuffle {
-            for i in (1..batch.len()).rev() {
-                let j = (self.random() % (i as u64 + 1)) as usize;
-                batch.swap(i, j);
-            }
-        }
-        for (to, from, m) in batch {
-            if self.random() % 100 < loss {
-                continue;
-            }
-            let copies = if self.random() % 100 < dup { 2 } else { 1 };
-            for _ in 0..copies {
-                self.cm[to as usize].handle_message(self.now, from, qp(to), m);
-            }
+        let lost = |_: &CmMessage, rng: &mut XorShift| rng.next() % 100 < loss;
+        for (to, from, m) in self.wire.arrivals(lost, dup, shuffle) {
+            self.cm[to as usize].handle_message(self.now, from, qp(to), m);
         }
         self.collect();
     }

@@ -36,11 +36,14 @@
 //! [`LaneEvent::Open`].
 
 use std::collections::VecDeque;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use rustc_hash::FxHashMap;
 
 use super::connection_manager::{CmConfig, CmMessage};
+use super::control_retry::{
+    ControlCounters, ExchangeState, Expiry, RetryTimer, earliest_due, expire_due, normalized,
+};
 use super::provider::QpAddress;
 
 /// What the driver must do for one lane.
@@ -84,27 +87,7 @@ pub enum LaneEvent {
 }
 
 /// Counters of a [`LaneReconnector`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct LaneCounters {
-    /// LaneRequests sent, retransmissions included.
-    pub requests_sent: u64,
-    /// LaneReplies sent, retransmissions and answers to duplicates included.
-    pub replies_sent: u64,
-    /// LaneConfirms sent.
-    pub confirms_sent: u64,
-    /// Retransmissions after a timeout.
-    pub retransmissions: u64,
-    /// Messages that were duplicates or stale and changed nothing.
-    pub duplicates: u64,
-    /// Requests ignored because this rank's own simultaneous request wins the tie-break.
-    pub ties_won: u64,
-    /// Own attempts turned into answers because the peer's simultaneous request won.
-    pub ties_lost: u64,
-    /// Lanes re-established (on this side).
-    pub established: u64,
-    /// Attempts that ran out of sends, or whose queue pair the driver could not make.
-    pub failed: u64,
-}
+pub type LaneCounters = ControlCounters;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
@@ -114,8 +97,7 @@ enum State {
     Requesting {
         seq: u32,
         local: QpAddress,
-        sends: u32,
-        due: Instant,
+        retry: RetryTimer,
     },
     /// A LaneRequest came: the driver is making the new queue pair ([`LaneEvent::Open`]).
     Opening { seq: u32, remote: QpAddress },
@@ -124,8 +106,7 @@ enum State {
         seq: u32,
         local: QpAddress,
         remote: QpAddress,
-        sends: u32,
-        due: Instant,
+        retry: RetryTimer,
     },
     /// Re-established by the attempt `seq`.
     Connected {
@@ -133,6 +114,41 @@ enum State {
         local: QpAddress,
         remote: QpAddress,
     },
+}
+
+impl ExchangeState<(u32, u8)> for State {
+    const IDLE: State = State::Idle;
+
+    fn waiting(&mut self, (_, lane): (u32, u8)) -> Option<(&mut RetryTimer, CmMessage)> {
+        match *self {
+            State::Requesting {
+                seq,
+                local,
+                ref mut retry,
+            } => Some((
+                retry,
+                CmMessage::LaneRequest {
+                    seq,
+                    lane,
+                    qp: local,
+                },
+            )),
+            State::Accepting {
+                seq,
+                local,
+                ref mut retry,
+                ..
+            } => Some((
+                retry,
+                CmMessage::LaneReply {
+                    seq,
+                    lane,
+                    qp: local,
+                },
+            )),
+            _ => None,
+        }
+    }
 }
 
 /// The lane fail-back exchanges of one rank with all its peers (see the
@@ -153,10 +169,7 @@ impl LaneReconnector {
     pub fn new(rank: u32, config: CmConfig) -> LaneReconnector {
         LaneReconnector {
             rank,
-            config: CmConfig {
-                attempts: config.attempts.max(1),
-                ..config
-            },
+            config: normalized(config),
             lanes: FxHashMap::default(),
             next_seq: FxHashMap::default(),
             transmits: VecDeque::new(),
@@ -185,18 +198,8 @@ impl LaneReconnector {
         )
     }
 
-    fn backoff(&self, sends: u32) -> Duration {
-        self.config
-            .retransmit
-            .saturating_mul(1u32 << sends.saturating_sub(1).min(16))
-    }
-
     fn send(&mut self, peer: u32, m: CmMessage) {
-        match m {
-            CmMessage::LaneRequest { .. } => self.counters.requests_sent += 1,
-            CmMessage::LaneReply { .. } => self.counters.replies_sent += 1,
-            _ => self.counters.confirms_sent += 1,
-        }
+        self.counters.count_sent(&m);
         self.transmits.push_back((peer, m));
     }
 
@@ -216,8 +219,7 @@ impl LaneReconnector {
             State::Requesting {
                 seq,
                 local,
-                sends: 1,
-                due: now + self.backoff(1),
+                retry: RetryTimer::started(now, &self.config),
             },
         );
         self.send(
@@ -355,8 +357,7 @@ impl LaneReconnector {
                 seq,
                 local,
                 remote,
-                sends: 1,
-                due: now + self.backoff(1),
+                retry: RetryTimer::started(now, &self.config),
             },
         );
         self.send(
@@ -378,66 +379,18 @@ impl LaneReconnector {
 
     /// The earliest retransmission deadline, if any exchange is under way.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.lanes
-            .values()
-            .filter_map(|s| match s {
-                State::Requesting { due, .. } | State::Accepting { due, .. } => Some(*due),
-                _ => None,
-            })
-            .min()
+        earliest_due(&self.lanes)
     }
 
     /// Retransmits what is due, and fails exchanges that ran out of sends.
     pub fn handle_timeout(&mut self, now: Instant) {
-        let due: Vec<(u32, u8)> = self
-            .lanes
-            .iter()
-            .filter(|(_, s)| match s {
-                State::Requesting { due, .. } | State::Accepting { due, .. } => *due <= now,
-                _ => false,
-            })
-            .map(|(&k, _)| k)
-            .collect();
-        for (peer, lane) in due {
-            let (message, sends) = match self.state(peer, lane) {
-                State::Requesting {
-                    seq, local, sends, ..
-                } => (
-                    CmMessage::LaneRequest {
-                        seq,
-                        lane,
-                        qp: local,
-                    },
-                    sends,
-                ),
-                State::Accepting {
-                    seq, local, sends, ..
-                } => (
-                    CmMessage::LaneReply {
-                        seq,
-                        lane,
-                        qp: local,
-                    },
-                    sends,
-                ),
-                _ => continue,
-            };
-            if sends >= self.config.attempts {
-                self.lanes.insert((peer, lane), State::Idle);
-                self.counters.failed += 1;
-                self.events.push_back(LaneEvent::Failed { peer, lane });
-                continue;
+        for expiry in expire_due(&mut self.lanes, now, &self.config, &mut self.counters) {
+            match expiry {
+                Expiry::Resend((peer, _), message) => self.send(peer, message),
+                Expiry::GiveUp((peer, lane)) => {
+                    self.events.push_back(LaneEvent::Failed { peer, lane });
+                }
             }
-            let next_due = now + self.backoff(sends + 1);
-            if let Some(
-                State::Requesting { sends, due, .. } | State::Accepting { sends, due, .. },
-            ) = self.lanes.get_mut(&(peer, lane))
-            {
-                *sends += 1;
-                *due = next_due;
-            }
-            self.counters.retransmissions += 1;
-            self.send(peer, message);
         }
     }
 

@@ -7,6 +7,7 @@ use super::*;
 use crate::verbs::connection_manager::CmDecodeError;
 
 use crate::verbs::provider::{PortAddress, QpNum};
+use crate::verbs::test_support::{LossyWire, XorShift};
 
 const LANE: u8 = 1;
 
@@ -97,8 +98,7 @@ impl Side {
 struct Net {
     sides: [Side; 2],
     now: Instant,
-    wire: Vec<(u32, u32, CmMessage)>,
-    rng: u64,
+    wire: LossyWire<CmMessage>,
 }
 
 impl Net {
@@ -106,16 +106,8 @@ impl Net {
         Net {
             sides: [Side::new(0), Side::new(1)],
             now: Instant::now(),
-            wire: Vec::new(),
-            rng: seed | 1,
+            wire: LossyWire::new(seed),
         }
-    }
-
-    fn random(&mut self) -> u64 {
-        self.rng ^= self.rng << 13;
-        self.rng ^= self.rng >> 7;
-        self.rng ^= self.rng << 17;
-        self.rng
     }
 
     fn collect(&mut self) {
@@ -127,7 +119,7 @@ impl Net {
                 m.encode(&mut bytes);
                 let decoded = CmMessage::decode(&bytes).expect("decodes");
                 assert_eq!(decoded, m);
-                self.wire.push((to, r, decoded));
+                self.wire.send(to, r, decoded);
             }
         }
     }
@@ -136,22 +128,10 @@ impl Net {
     /// survivor is duplicated with `dup` percent, in random order when `shuffle`.
     fn deliver(&mut self, mut drop: impl FnMut(&CmMessage) -> bool, dup: u64, shuffle: bool) {
         self.collect();
-        let mut batch = std::mem::take(&mut self.wire);
-        if shuffle {
-            for i in (1..batch.len()).rev() {
-                let j = (self.random() % (i as u64 + 1)) as usize;
-                batch.swap(i, j);
-            }
-        }
-        for (to, from, m) in batch {
-            if drop(&m) {
-                continue;
-            }
-            let copies = if self.random() % 100 < dup { 2 } else { 1 };
-            for _ in 0..copies {
-                let now = self.now;
-                self.sides[to as usize].lanes.handle_message(now, from, m);
-            }
+        let lost = |m: &CmMessage, _: &mut XorShift| drop(m);
+        for (to, from, m) in self.wire.arrivals(lost, dup, shuffle) {
+            let now = self.now;
+            self.sides[to as usize].lanes.handle_message(now, from, m);
         }
         self.collect();
     }
@@ -313,17 +293,8 @@ fn random_loss_duplication_and_reordering_never_leave_a_half_open_lane() {
             net.sides[1 - (seed % 2) as usize].port_back(now);
         }
         for _ in 0..60 {
-            let mut rng = net.random();
-            net.deliver(
-                |_| {
-                    rng ^= rng << 13;
-                    rng ^= rng >> 7;
-                    rng ^= rng << 17;
-                    rng % 100 < 30
-                },
-                20,
-                true,
-            );
+            let mut rng = XorShift(net.wire.rng.next());
+            net.deliver(|_| rng.next() % 100 < 30, 20, true);
             net.tick(Duration::from_millis(25));
         }
         let failed = net.sides.iter().any(|s| s.failures > 0);

@@ -9,6 +9,9 @@
 //! * [`channel`], [`credits`], [`message`], [`mr_cache`]: the sans-IO pieces of the RC
 //!   protocol (eager messages under credit-based flow control, rendezvous by RDMA write with
 //!   immediate data, the memory-registration cache).
+//! * [`connection_manager`], [`lane_reconnect`]: the sans-IO control exchanges over UD (RC
+//!   connection set-up, lane fail-back), sharing [`control_retry`] (retransmission timer,
+//!   counters).
 //! * [`stream`]: the sans-IO stream of one peer's frames over several lanes (one RC queue pair
 //!   per port): sequence numbers, striping, replay after a lane failure, duplicate
 //!   suppression and reordering at the receiver.
@@ -21,6 +24,7 @@
 pub mod adaptive;
 pub mod channel;
 pub mod connection_manager;
+pub mod control_retry;
 pub mod credits;
 #[cfg(feature = "verbs")]
 pub mod device;
