@@ -2,8 +2,7 @@
 //! credits, rendezvous, stream tags, and peers that break the protocol.
 
 use bytes::Bytes;
-use rankweave_core::ContextId;
-use rankweave_core::frame::{Envelope, Frame, Header};
+use rankweave_core::frame::{Frame, Header};
 
 use super::*;
 use crate::verbs::message::StreamTag;
@@ -21,15 +20,7 @@ const CONFIG: ChannelConfig = ChannelConfig {
 };
 
 fn frame(seq: u64, len: usize) -> Frame {
-    Frame {
-        header: Header::Eager(Envelope {
-            context: ContextId(0),
-            tag: 0,
-            seq,
-            len: len as u64,
-        }),
-        payload: Bytes::from(vec![seq as u8; len]),
-    }
+    crate::test_frames::eager_frame(0, 0, seq, vec![seq as u8; len])
 }
 
 fn region(id: u64, len: u64) -> MemoryRegion {

@@ -2,26 +2,13 @@
 //! point with what was in flight on the lane delivered, lost, or delivered without its
 //! acknowledgement.
 
-use bytes::Bytes;
-use rankweave_core::ContextId;
-use rankweave_core::frame::{Envelope, Frame, Header};
+use rankweave_core::frame::Frame;
 
 use super::*;
 
 fn frame(seq: u64, len: usize) -> Frame {
-    Frame {
-        header: Header::Eager(Envelope {
-            context: ContextId(0),
-            tag: 0,
-            seq,
-            len: len as u64,
-        }),
-        payload: Bytes::from(
-            (0..len)
-                .map(|i| (i as u64 ^ seq) as u8)
-                .collect::<Vec<u8>>(),
-        ),
-    }
+    let payload: Vec<u8> = (0..len).map(|i| (i as u64 ^ seq) as u8).collect();
+    crate::test_frames::eager_frame(0, 0, seq, payload)
 }
 
 fn check(f: &Frame, seq: u64, len: usize) {

@@ -157,6 +157,24 @@ fn both_directions_at_once_with_a_tiny_window_do_not_deadlock() {
     assert_eq!(fabric.counters().rnr_naks, 0);
 }
 
+/// Rank 0 sends an eager frame, a 64 MiB frame of `pattern(seed)` and another eager frame;
+/// rank 1 gets all three intact and in order.
+fn send_64_mib_between_eager_frames(ranks: &[RcTransport<SimProvider>], seed: u64) {
+    let big = Bytes::from(pattern(seed, 64 << 20));
+    ranks[0]
+        .send(1, frame(0, Bytes::from_static(b"before")))
+        .unwrap();
+    ranks[0].send(1, frame(1, big.clone())).unwrap();
+    ranks[0]
+        .send(1, frame(2, Bytes::from_static(b"after")))
+        .unwrap();
+    let got = collect_frames(ranks, 1, 3);
+    assert_eq!(&got[0].1.payload[..], b"before");
+    assert_eq!(got[1].1.payload.len(), 64 << 20);
+    assert!(got[1].1.payload == big, "64 MiB differ");
+    assert_eq!(&got[2].1.payload[..], b"after");
+}
+
 /// A 64 MiB frame goes by rendezvous (RDMA write with immediate data: reads are turned off)
 /// between eager frames and arrives intact and in its place.
 #[test]
@@ -166,19 +184,7 @@ fn a_64_mib_rendezvous_arrives_intact_and_in_order() {
         ..RcSettings::default()
     };
     let (fabric, ranks) = job(2, settings);
-    let big = Bytes::from(pattern(42, 64 << 20));
-    ranks[0]
-        .send(1, frame(0, Bytes::from_static(b"before")))
-        .unwrap();
-    ranks[0].send(1, frame(1, big.clone())).unwrap();
-    ranks[0]
-        .send(1, frame(2, Bytes::from_static(b"after")))
-        .unwrap();
-    let got = collect_frames(&ranks, 1, 3);
-    assert_eq!(&got[0].1.payload[..], b"before");
-    assert_eq!(got[1].1.payload.len(), 64 << 20);
-    assert!(got[1].1.payload == big, "64 MiB differ");
-    assert_eq!(&got[2].1.payload[..], b"after");
+    send_64_mib_between_eager_frames(&ranks, 42);
     let c = ranks[0].counters();
     assert_eq!(c.channels.rendezvous_sent, 1);
     assert_eq!(c.channels.rdma_bytes_sent, 64 << 20);
@@ -493,18 +499,7 @@ fn losing_every_port_makes_the_peer_lost() {
 #[test]
 fn a_64_mib_frame_by_rdma_read_arrives_intact_and_in_order() {
     let (fabric, ranks) = job(2, RcSettings::default());
-    let big = Bytes::from(pattern(43, 64 << 20));
-    ranks[0]
-        .send(1, frame(0, Bytes::from_static(b"before")))
-        .unwrap();
-    ranks[0].send(1, frame(1, big.clone())).unwrap();
-    ranks[0]
-        .send(1, frame(2, Bytes::from_static(b"after")))
-        .unwrap();
-    let got = collect_frames(&ranks, 1, 3);
-    assert_eq!(&got[0].1.payload[..], b"before");
-    assert!(got[1].1.payload == big, "64 MiB differ");
-    assert_eq!(&got[2].1.payload[..], b"after");
+    send_64_mib_between_eager_frames(&ranks, 43);
     let (sender, receiver) = (ranks[0].counters(), ranks[1].counters());
     assert_eq!(sender.channels.rendezvous_sent, 1);
     assert_eq!(sender.channels.read_rendezvous_sent, 1);

@@ -37,7 +37,7 @@ use super::provider::{
 };
 use super::sim::GRH_LEN;
 use super::ud_directory::{UdDirectory, UdEndpoints};
-use super::ud_queue::UdQueue;
+use super::ud_queue::{UdQueue, recv_slot};
 use crate::link::FailedLookups;
 
 /// Settings of a [`UdCarrier`].
@@ -523,39 +523,19 @@ impl<P: Provider> UdCarrier<P> {
                     }
                     continue;
                 }
-                let slot = c.wr_id as u32;
-                let offset = slot as usize * r.slot_len;
-                if c.status != CompletionStatus::Success {
-                    // Flushed (the port is down) or too long: a lost datagram. A flushed
-                    // buffer is not reposted, the queue pair is in error.
-                    counters.failed_completions += 1;
-                    if c.status != CompletionStatus::Flushed {
-                        let _ = r.provider.post_recv(
-                            r.qp,
-                            c.wr_id,
-                            Sge {
-                                mr: r.recv_region.id,
-                                offset,
-                                len: r.slot_len,
-                            },
-                        );
-                    }
-                    continue;
-                }
-                let len = c.byte_len.saturating_sub(GRH_LEN);
-                let bytes =
+                let slot = recv_slot(&r.recv_region, r.slot_len, c.wr_id);
+                // Read the datagram out before its slot is posted again.
+                let bytes = (c.status == CompletionStatus::Success).then(|| {
+                    let len = c.byte_len.saturating_sub(GRH_LEN).min(r.mtu);
                     r.provider
-                        .read_local(r.recv_region.id, offset + GRH_LEN, len.min(r.mtu));
-                let _ = r.provider.post_recv(
-                    r.qp,
-                    c.wr_id,
-                    Sge {
-                        mr: r.recv_region.id,
-                        offset,
-                        len: r.slot_len,
-                    },
-                );
-                let Ok(mut bytes) = bytes else {
+                        .read_local(r.recv_region.id, slot.offset + GRH_LEN, len)
+                });
+                // A flushed slot is not reposted: the queue pair is in error (port down).
+                if c.status != CompletionStatus::Flushed {
+                    let _ = r.provider.post_recv(r.qp, c.wr_id, slot);
+                }
+                // Flushed or too long: a lost datagram.
+                let Some(Ok(mut bytes)) = bytes else {
                     counters.failed_completions += 1;
                     continue;
                 };

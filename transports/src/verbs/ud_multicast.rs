@@ -33,7 +33,7 @@ use super::provider::{
 };
 use super::shared_port::{PortHandle, SharedPort};
 use super::sim::{FIRST_MULTICAST_LID, GRH_LEN};
-use super::ud_queue::UdQueue;
+use super::ud_queue::{UdQueue, recv_slot};
 
 /// Settings of [`UdMulticast`] groups.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -209,12 +209,12 @@ impl<P: Provider> State<P> {
                     self.free_send.push((c.wr_id & !WR_SEND) as u32);
                     continue;
                 }
-                let offset = c.wr_id as usize * self.slot_len;
+                let slot = recv_slot(&self.recv_region, self.slot_len, c.wr_id);
                 if c.status == CompletionStatus::Success {
                     let len = c.byte_len.saturating_sub(GRH_LEN).min(self.mtu);
                     if let Ok(bytes) =
                         self.handle
-                            .read_local(self.recv_region.id, offset + GRH_LEN, len)
+                            .read_local(self.recv_region.id, slot.offset + GRH_LEN, len)
                     {
                         self.counters.datagrams_received += 1;
                         self.counters.bytes_received += len as u64;
@@ -222,15 +222,7 @@ impl<P: Provider> State<P> {
                     }
                 }
                 if c.status != CompletionStatus::Flushed {
-                    let _ = self.handle.post_recv(
-                        self.qp,
-                        c.wr_id,
-                        Sge {
-                            mr: self.recv_region.id,
-                            offset,
-                            len: self.slot_len,
-                        },
-                    );
+                    let _ = self.handle.post_recv(self.qp, c.wr_id, slot);
                 }
             }
             if n == 0 {

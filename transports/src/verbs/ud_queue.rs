@@ -50,15 +50,8 @@ impl UdQueue {
         let recv_region =
             provider.register(Buffer::Owned(vec![0; slot_len * recv_buffers as usize]))?;
         for slot in 0..recv_buffers {
-            provider.post_recv(
-                qp,
-                u64::from(slot),
-                Sge {
-                    mr: recv_region.id,
-                    offset: slot as usize * slot_len,
-                    len: slot_len,
-                },
-            )?;
+            let slot = u64::from(slot);
+            provider.post_recv(qp, slot, recv_slot(&recv_region, slot_len, slot))?;
         }
         let send_region = provider.register(Buffer::Owned(vec![0; mtu * send_buffers as usize]))?;
         Ok(UdQueue {
@@ -69,5 +62,14 @@ impl UdQueue {
             recv_region,
             send_region,
         })
+    }
+}
+
+/// Receive slot `slot` (its work request id) of `region`, a run of `slot_len`-byte slots.
+pub(crate) fn recv_slot(region: &MemoryRegion, slot_len: usize, slot: u64) -> Sge {
+    Sge {
+        mr: region.id,
+        offset: slot as usize * slot_len,
+        len: slot_len,
     }
 }
