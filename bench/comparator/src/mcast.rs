@@ -245,18 +245,7 @@ pub fn execute(plan: &Plan, ranks: &[usize]) -> Result<(), String> {
         }
     }
     let md = markdown(plan, ranks, &samples, &gaps, &notes, started.elapsed());
-    let out = &plan.out;
-    std::fs::create_dir_all(out).map_err(|e| format!("creating {}: {e}", out.display()))?;
-    std::fs::write(out.join("mcast.md"), &md).map_err(|e| e.to_string())?;
-    std::fs::write(out.join("mcast.csv"), csv(&samples)).map_err(|e| e.to_string())?;
-    print!("{md}");
-    eprintln!("wrote {}/mcast.md and mcast.csv", out.display());
-    if plan.book {
-        let dir = plan.root.join("book/src/performance");
-        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-        std::fs::write(dir.join("mcast.md"), &md).map_err(|e| e.to_string())?;
-        eprintln!("updated {}", dir.display());
-    }
+    crate::report::write_table(plan, "mcast", &md, &csv(&samples))?;
     if gaps.is_empty() {
         Ok(())
     } else {

@@ -113,6 +113,25 @@ pub fn write(plan: &Plan, samples: &Samples, gaps: &Gaps, elapsed: Duration) -> 
     Ok(())
 }
 
+/// Writes `<name>.md` and `<name>.csv` into `plan.out`, prints the Markdown, and with `--book`
+/// puts the Markdown into the book's performance chapter too (the start-up and multicast
+/// reports, which have no plots).
+pub fn write_table(plan: &Plan, name: &str, md: &str, csv: &str) -> Result<(), String> {
+    let out = &plan.out;
+    std::fs::create_dir_all(out).map_err(|e| format!("creating {}: {e}", out.display()))?;
+    std::fs::write(out.join(format!("{name}.md")), md).map_err(|e| e.to_string())?;
+    std::fs::write(out.join(format!("{name}.csv")), csv).map_err(|e| e.to_string())?;
+    print!("{md}");
+    eprintln!("wrote {}/{name}.md and {name}.csv", out.display());
+    if plan.book {
+        let dir = plan.root.join("book/src/performance");
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        std::fs::write(dir.join(format!("{name}.md")), md).map_err(|e| e.to_string())?;
+        eprintln!("updated {}", dir.display());
+    }
+    Ok(())
+}
+
 fn csv(samples: &Samples) -> String {
     let mut s = String::from("config,benchmark,implementation,size,median,min,max,rounds\n");
     for ((config, bench, imp), by_size) in samples {

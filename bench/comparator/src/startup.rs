@@ -85,18 +85,7 @@ pub fn execute(plan: &Plan, procs: &[usize]) -> Result<(), String> {
         }
     }
     let md = markdown(plan, procs, &samples, &gaps);
-    let out = &plan.out;
-    std::fs::create_dir_all(out).map_err(|e| format!("creating {}: {e}", out.display()))?;
-    std::fs::write(out.join("startup.md"), &md).map_err(|e| e.to_string())?;
-    std::fs::write(out.join("startup.csv"), csv(&samples)).map_err(|e| e.to_string())?;
-    print!("{md}");
-    eprintln!("wrote {}/startup.md and startup.csv", out.display());
-    if plan.book {
-        let dir = plan.root.join("book/src/performance");
-        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-        std::fs::write(dir.join("startup.md"), &md).map_err(|e| e.to_string())?;
-        eprintln!("updated {}", dir.display());
-    }
+    crate::report::write_table(plan, "startup", &md, &csv(&samples))?;
     Ok(())
 }
 
