@@ -183,14 +183,6 @@ impl PacketPayload {
         joined.extend_from_slice(&self.body);
         Bytes::from(joined)
     }
-
-    /// The byte at `i`, if any.
-    fn byte(&self, i: usize) -> Option<u8> {
-        match i.checked_sub(self.head.len()) {
-            None => self.head.get(i).copied(),
-            Some(j) => self.body.get(j).copied(),
-        }
-    }
 }
 
 impl From<Bytes> for PacketPayload {
@@ -204,7 +196,12 @@ impl From<Bytes> for PacketPayload {
 
 impl PartialEq for PacketPayload {
     fn eq(&self, other: &Self) -> bool {
-        self.len() == other.len() && (0..self.len()).all(|i| self.byte(i) == other.byte(i))
+        self.len() == other.len()
+            && self
+                .head
+                .iter()
+                .chain(&self.body)
+                .eq(other.head.iter().chain(&other.body))
     }
 }
 
