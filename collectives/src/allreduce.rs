@@ -36,7 +36,7 @@ use rankweave_core::Error;
 use rankweave_core::tuning::AllreduceAlgorithm;
 
 use crate::ctx::Ctx;
-use crate::reduce::{Reduction, Side, block, even_bounds};
+use crate::reduce::{Reduction, Side, Theirs, block, even_bounds};
 use crate::{Element, ReduceOp};
 
 pub(crate) async fn run<T: Element>(
@@ -243,7 +243,11 @@ async fn receive_result<T: Element>(
     len: usize,
 ) -> Result<Vec<T>, Error> {
     let incoming = reduction.post(partner);
-    Ok(reduction.receive(incoming, len).await?.unwrap_or_default())
+    Ok(reduction
+        .receive(incoming, len)
+        .await?
+        .map(Theirs::into_vec)
+        .unwrap_or_default())
 }
 
 /// Blocks `lo..hi` of a partition of the vector into p blocks.

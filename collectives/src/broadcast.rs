@@ -4,11 +4,15 @@
 //! `bcast` override, or by size: binomial below `bcast_large` or on 2 ranks, scatter + allgather
 //! below `bcast_chain`, chain above) and tells the others. Every non-root first receives one
 //! message from its binomial-tree parent starting with a 16-byte header: byte 0 the algorithm
-//! (0 binomial, 1 scatter + allgather, 2 chain), bytes 1..8 zero, bytes 8..16 the total length
-//! (u64 LE). It forwards that message unchanged to its own children, so ranks never disagree.
+//! (0 binomial, 1 scatter + allgather, 2 chain), byte 1 a flag (1: a binomial broadcast's data
+//! follows in a message of its own), bytes 2..8 zero, bytes 8..16 the total length (u64 LE). It
+//! forwards that message unchanged to its own children, so ranks never disagree.
 //!
-//! - **Binomial tree**: the data follows the header in the same message; ⌈log₂ n⌉ rounds of the
-//!   whole message. Best when latency dominates.
+//! - **Binomial tree**: ⌈log₂ n⌉ rounds of the whole message. Below [`SEPARATE_FROM`] bytes the
+//!   data follows the header in the same message (one message per edge); from there it is a
+//!   second message, the caller's `Bytes` sent as they are: copying a large payload behind a
+//!   header would cost more than the extra small message (and a rendezvous send reads it in
+//!   place). Best when latency dominates.
 //! - **Scatter + allgather** (van de Geijn): the message is cut into n nearly equal blocks by
 //!   relative rank, scattered down the binomial tree (each subtree gets its contiguous range),
 //!   then a ring allgather gives every rank every block: about twice the message per rank
@@ -20,7 +24,8 @@
 use std::collections::VecDeque;
 use std::ops::Range;
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::Bytes;
+use rankweave_core::buffer_pool::BufferPool;
 use rankweave_core::tuning::BcastAlgorithm;
 use rankweave_core::{Error, SendOp};
 
@@ -30,6 +35,8 @@ use crate::tree::BinomialTree;
 const HEADER_LEN: usize = 16;
 /// Longest broadcast a header may announce (1 TiB); more is a corrupt header.
 const MAX_LEN: u64 = 1 << 40;
+/// From this many bytes a binomial broadcast sends its data apart from the header.
+pub const SEPARATE_FROM: usize = 16 * 1024;
 /// Segments of the chain a rank keeps in flight (sends, and receives posted ahead).
 const CHAIN_WINDOW: usize = 4;
 
@@ -38,24 +45,44 @@ pub(crate) async fn run(cx: Ctx, root: usize, data: Bytes) -> Result<Bytes, Erro
         return Ok(data);
     }
     let tree = BinomialTree::new(&cx, root);
-    let (message, algorithm, len, data) = match tree.parent() {
+    let (message, header, data) = match tree.parent() {
         None => {
-            let algorithm = choose(&cx, data.len());
-            let message = header_message(algorithm, &data);
-            (message, algorithm, data.len(), Some(data))
+            let header = Header::new(choose(&cx, data.len()), data.len());
+            (header.message(&data), header, Some(data))
         }
         Some(parent) => {
             let message = cx.recv(parent).await?;
-            let (algorithm, len) = decode_header(parent, &message)?;
-            (message, algorithm, len, None)
+            let header = Header::decode(parent, &message)?;
+            (message, header, None)
         }
     };
-    let headers: Vec<SendOp> = tree
+    let mut sends: Vec<SendOp> = tree
         .children()
         .iter()
         .map(|child| cx.send(child.rank, message.clone()))
         .collect();
-    let result = match algorithm {
+    let len = header.len;
+    let result = match header.algorithm {
+        BcastAlgorithm::Binomial if header.separate => {
+            let body = match (data, tree.parent()) {
+                (Some(data), _) => Ok(data),
+                (None, Some(parent)) => separate_body(&cx, parent, len).await,
+                // Cannot happen: the root has the data, every other rank a parent.
+                (None, None) => Err(Error::Protocol {
+                    peer: root,
+                    detail: "broadcast: a rank with neither the data nor a parent".into(),
+                }),
+            };
+            if let Ok(body) = &body {
+                // After the header on each edge (sends to one rank keep their order).
+                sends.extend(
+                    tree.children()
+                        .iter()
+                        .map(|c| cx.send(c.rank, body.clone())),
+                );
+            }
+            body
+        }
         BcastAlgorithm::Binomial => Ok(message.slice(HEADER_LEN..)),
         _ if len == 0 => Ok(Bytes::new()),
         BcastAlgorithm::ScatterAllgather => scatter_allgather(&cx, &tree, len, data).await,
@@ -65,8 +92,23 @@ pub(crate) async fn run(cx: Ctx, root: usize, data: Bytes) -> Result<Bytes, Erro
             detail: "a point-to-point broadcast header named a multicast algorithm".into(),
         }),
     };
-    await_all(headers).await?;
+    await_all(sends).await?;
     result
+}
+
+/// The data of a binomial broadcast sent apart from its header, checked against the header.
+async fn separate_body(cx: &Ctx, parent: usize, len: usize) -> Result<Bytes, Error> {
+    let body = cx.recv(parent).await?;
+    if body.len() != len {
+        return Err(Error::Protocol {
+            peer: parent,
+            detail: format!(
+                "broadcast: {} bytes of data where the header announced {len}",
+                body.len()
+            ),
+        });
+    }
+    Ok(body)
 }
 
 /// The root's choice (see the [module docs](self)).
@@ -98,58 +140,84 @@ fn algorithm_id(algorithm: BcastAlgorithm) -> u8 {
     }
 }
 
-/// The header, followed by the data itself for the binomial tree.
-fn header_message(algorithm: BcastAlgorithm, data: &Bytes) -> Bytes {
-    let carries_data = algorithm == BcastAlgorithm::Binomial;
-    let mut message =
-        BytesMut::with_capacity(HEADER_LEN + if carries_data { data.len() } else { 0 });
-    message.put_u8(algorithm_id(algorithm));
-    message.put_bytes(0, 7);
-    message.put_u64_le(data.len() as u64);
-    if carries_data {
-        message.put_slice(data);
-    }
-    message.freeze()
+/// What every non-root learns first (see the [module docs](self)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Header {
+    algorithm: BcastAlgorithm,
+    len: usize,
+    /// A binomial broadcast's data comes in a message of its own.
+    separate: bool,
 }
 
-/// Reads the header `parent` sent: the algorithm and the total length.
-fn decode_header(parent: usize, message: &Bytes) -> Result<(BcastAlgorithm, usize), Error> {
-    let bad = |detail: String| Error::Protocol {
-        peer: parent,
-        detail: format!("broadcast header: {detail}"),
-    };
-    if message.len() < HEADER_LEN {
-        return Err(bad(format!(
-            "{} bytes, shorter than a header",
-            message.len()
-        )));
+impl Header {
+    fn new(algorithm: BcastAlgorithm, len: usize) -> Header {
+        Header {
+            algorithm,
+            len,
+            separate: algorithm == BcastAlgorithm::Binomial && len >= SEPARATE_FROM,
+        }
     }
-    let algorithm = match message[0] {
-        0 => BcastAlgorithm::Binomial,
-        1 => BcastAlgorithm::ScatterAllgather,
-        2 => BcastAlgorithm::Chain,
-        id => return Err(bad(format!("unknown algorithm {id}"))),
-    };
-    if message[1..8].iter().any(|&b| b != 0) {
-        return Err(bad("reserved bytes are not zero".into()));
+
+    /// The header, followed by the data itself for a binomial broadcast that does not send it
+    /// apart.
+    fn message(&self, data: &Bytes) -> Bytes {
+        let mut header = [0u8; HEADER_LEN];
+        header[0] = algorithm_id(self.algorithm);
+        header[1] = u8::from(self.separate);
+        header[8..].copy_from_slice(&(self.len as u64).to_le_bytes());
+        let body: &[u8] = if self.carries_data() { data } else { &[] };
+        BufferPool::shared().concat(&[&header, body])
     }
-    let len = u64::from_le_bytes(message[8..16].try_into().unwrap_or_default());
-    let len = usize::try_from(len)
-        .ok()
-        .filter(|_| len <= MAX_LEN)
-        .ok_or_else(|| bad(format!("absurd length {len}")))?;
-    let body = message.len() - HEADER_LEN;
-    let expected_body = if algorithm == BcastAlgorithm::Binomial {
-        len
-    } else {
-        0
-    };
-    if body != expected_body {
-        return Err(bad(format!(
-            "{body} bytes follow the header where {expected_body} were expected"
-        )));
+
+    fn carries_data(&self) -> bool {
+        self.algorithm == BcastAlgorithm::Binomial && !self.separate
     }
-    Ok((algorithm, len))
+
+    /// Reads the header `parent` sent.
+    fn decode(parent: usize, message: &Bytes) -> Result<Header, Error> {
+        let bad = |detail: String| Error::Protocol {
+            peer: parent,
+            detail: format!("broadcast header: {detail}"),
+        };
+        if message.len() < HEADER_LEN {
+            return Err(bad(format!(
+                "{} bytes, shorter than a header",
+                message.len()
+            )));
+        }
+        let algorithm = match message[0] {
+            0 => BcastAlgorithm::Binomial,
+            1 => BcastAlgorithm::ScatterAllgather,
+            2 => BcastAlgorithm::Chain,
+            id => return Err(bad(format!("unknown algorithm {id}"))),
+        };
+        let separate = match message[1] {
+            0 => false,
+            1 if algorithm == BcastAlgorithm::Binomial => true,
+            flag => return Err(bad(format!("flag {flag} with algorithm {}", message[0]))),
+        };
+        if message[2..8].iter().any(|&b| b != 0) {
+            return Err(bad("reserved bytes are not zero".into()));
+        }
+        let len = u64::from_le_bytes(message[8..16].try_into().unwrap_or_default());
+        let len = usize::try_from(len)
+            .ok()
+            .filter(|_| len <= MAX_LEN)
+            .ok_or_else(|| bad(format!("absurd length {len}")))?;
+        let header = Header {
+            algorithm,
+            len,
+            separate,
+        };
+        let body = message.len() - HEADER_LEN;
+        let expected_body = if header.carries_data() { len } else { 0 };
+        if body != expected_body {
+            return Err(bad(format!(
+                "{body} bytes follow the header where {expected_body} were expected"
+            )));
+        }
+        Ok(header)
+    }
 }
 
 /// A buffer for `len` bytes, or an error if memory for it cannot be had (the length came from
@@ -370,21 +438,34 @@ mod tests {
     #[test]
     fn headers_round_trip_and_reject_garbage() {
         let data = Bytes::from_static(b"hello");
-        let m = header_message(BcastAlgorithm::Binomial, &data);
-        assert_eq!(decode_header(3, &m).unwrap(), (BcastAlgorithm::Binomial, 5));
-        let m = header_message(BcastAlgorithm::Chain, &data);
+        let binomial = Header::new(BcastAlgorithm::Binomial, 5);
+        let m = binomial.message(&data);
+        assert_eq!(&m[HEADER_LEN..], b"hello");
+        assert_eq!(Header::decode(3, &m).unwrap(), binomial);
+        let chain = Header::new(BcastAlgorithm::Chain, 5);
+        let m = chain.message(&data);
         assert_eq!(m.len(), HEADER_LEN);
-        assert_eq!(decode_header(3, &m).unwrap(), (BcastAlgorithm::Chain, 5));
+        assert_eq!(Header::decode(3, &m).unwrap(), chain);
         let mut bad = m.to_vec();
         bad[0] = 7;
-        assert!(decode_header(3, &Bytes::from(bad)).is_err());
+        assert!(Header::decode(3, &Bytes::from(bad)).is_err());
+        let mut bad = m.to_vec();
+        bad[1] = 1; // data apart is for binomial broadcasts only
+        assert!(Header::decode(3, &Bytes::from(bad)).is_err());
         let mut bad = m.to_vec();
         bad[8..16].copy_from_slice(&((1u64 << 40) + 1).to_le_bytes());
-        assert!(decode_header(3, &Bytes::from(bad)).is_err());
-        assert!(decode_header(3, &m.slice(..10)).is_err());
+        assert!(Header::decode(3, &Bytes::from(bad)).is_err());
+        assert!(Header::decode(3, &m.slice(..10)).is_err());
         let mut long = m.to_vec();
         long.push(1);
-        assert!(decode_header(3, &Bytes::from(long)).is_err());
+        assert!(Header::decode(3, &Bytes::from(long)).is_err());
+        // A large binomial broadcast announces its data apart: the header travels alone.
+        let big = Bytes::from(vec![1u8; SEPARATE_FROM]);
+        let apart = Header::new(BcastAlgorithm::Binomial, big.len());
+        assert!(apart.separate);
+        let m = apart.message(&big);
+        assert_eq!(m.len(), HEADER_LEN);
+        assert_eq!(Header::decode(3, &m).unwrap(), apart);
     }
 
     #[test]

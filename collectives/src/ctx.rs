@@ -3,6 +3,7 @@
 //! receives of `Pod` vectors, and a framing for sets of variable-length blocks.
 
 use bytes::{BufMut, Bytes, BytesMut};
+use rankweave_core::buffer_pool::BufferPool;
 use rankweave_core::{Communicator, Error, SendOp};
 
 /// One collective's view of its communicator (see the [module docs](self)).
@@ -71,9 +72,9 @@ pub(crate) fn to_vec<T: bytemuck::Pod>(data: &[u8]) -> Result<Vec<T>, Error> {
     Ok(v)
 }
 
-/// The bytes of a slice of elements.
+/// The bytes of a slice of elements (in a pooled buffer when large: no allocation per call).
 pub(crate) fn to_bytes<T: bytemuck::Pod>(data: &[T]) -> Bytes {
-    Bytes::copy_from_slice(bytemuck::cast_slice(data))
+    BufferPool::shared().concat(&[bytemuck::cast_slice(data)])
 }
 
 /// Frames several blocks, each tagged with a number (usually the rank it belongs to), into

@@ -16,8 +16,11 @@
 //! # Messages and failures
 //!
 //! Every message of a reduction (this module's and those of allreduce, reduce-scatter and scan)
-//! starts with a kind byte: [`DATA`], followed by the elements, or [`FAULT`], followed by the rank
-//! where the collective failed (`u32` LE) and why (UTF-8). A rank that sees a bad message (another
+//! ends with a kind byte: the elements followed by [`DATA`], or the rank where the collective
+//! failed (`u32` LE) and why (UTF-8) followed by [`FAULT`]. The kind goes last so that the
+//! elements start the message: a large one lands in a fresh, aligned buffer, and the receiver
+//! combines straight from it ([`Theirs`]) instead of copying it out first. Senders build
+//! messages in the process's [`BufferPool`], so a large reduction allocates nothing per call. A rank that sees a bad message (another
 //! length than its own, a partial number of elements) does not stop: it remembers the error,
 //! stops combining, and runs the rest of its schedule with fault notices in place of data. So
 //! every rank of the schedule finishes, the ones whose result depends on the bad contribution
@@ -28,9 +31,10 @@
 //! ranks run different schedules and wait for each other, which is why mismatched counts remain
 //! erroneous, as in MPI).
 
-use std::ops::Range;
+use std::ops::{Deref, Range};
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::Bytes;
+use rankweave_core::buffer_pool::BufferPool;
 use rankweave_core::{Error, RecvOp, SendOp};
 
 use crate::ctx::{Ctx, length_mismatch, to_vec};
@@ -71,7 +75,11 @@ pub(crate) async fn reduce_to<T: Element>(
     } else if reduction.rank() == root {
         let incoming = reduction.post(0);
         Ok(Some(
-            reduction.receive(incoming, len).await?.unwrap_or_default(),
+            reduction
+                .receive(incoming, len)
+                .await?
+                .map(Theirs::into_vec)
+                .unwrap_or_default(),
         ))
     } else {
         Ok(None)
@@ -194,7 +202,7 @@ impl<T: Element> Reduction<T> {
         &mut self,
         incoming: Incoming,
         len: usize,
-    ) -> Result<Option<Vec<T>>, Error> {
+    ) -> Result<Option<Theirs<T>>, Error> {
         let message = incoming.recv.await?.into_data();
         Ok(self.accept(incoming.from, message, len))
     }
@@ -206,7 +214,7 @@ impl<T: Element> Reduction<T> {
         partner: usize,
         data: &[T],
         len: usize,
-    ) -> Result<Option<Vec<T>>, Error> {
+    ) -> Result<Option<Theirs<T>>, Error> {
         let incoming = self.post(partner);
         let sent = self.send(partner, data);
         let received = self.receive(incoming, len).await;
@@ -215,14 +223,17 @@ impl<T: Element> Reduction<T> {
     }
 
     /// `mine = theirs ∘ mine` or `mine = mine ∘ theirs`, as `theirs` lies on `side`.
-    pub fn combine(&mut self, mine: &mut [T], mut theirs: Vec<T>, side: Side) {
+    pub fn combine(&mut self, mine: &mut [T], theirs: Theirs<T>, side: Side) {
         let combined = match side {
             Side::Lower => self.op.combine(&theirs, mine),
             Side::Higher if self.op.is_commutative() => self.op.combine(&theirs, mine),
-            Side::Higher => self
-                .op
-                .combine(mine, &mut theirs)
-                .map(|()| mine.copy_from_slice(&theirs)),
+            Side::Higher => {
+                // `mine ∘ theirs` lands in the right operand: theirs, as a vector of our own.
+                let mut theirs = theirs.into_vec();
+                self.op
+                    .combine(mine, &mut theirs)
+                    .map(|()| mine.copy_from_slice(&theirs))
+            }
         };
         if let Err(error) = combined {
             self.fail(error);
@@ -244,7 +255,7 @@ impl<T: Element> Reduction<T> {
         }
     }
 
-    fn accept(&mut self, from: usize, message: Bytes, len: usize) -> Option<Vec<T>> {
+    fn accept(&mut self, from: usize, message: Bytes, len: usize) -> Option<Theirs<T>> {
         if self.fault.is_some() {
             return None;
         }
@@ -279,34 +290,27 @@ enum Received {
 }
 
 fn encode_data<T: Element>(data: &[T]) -> Bytes {
-    let bytes: &[u8] = bytemuck::cast_slice(data);
-    let mut message = BytesMut::with_capacity(1 + bytes.len());
-    message.put_u8(DATA);
-    message.put_slice(bytes);
-    message.freeze()
+    BufferPool::shared().concat(&[bytemuck::cast_slice(data), &[DATA]])
 }
 
 fn encode_fault(rank: usize, error: &Error) -> Bytes {
     let reason = error.to_string();
-    let mut message = BytesMut::with_capacity(5 + reason.len());
-    message.put_u8(FAULT);
-    message.put_u32_le(rank as u32);
-    message.put_slice(reason.as_bytes());
-    message.freeze()
+    BufferPool::shared().concat(&[&(rank as u32).to_le_bytes(), reason.as_bytes(), &[FAULT]])
 }
 
-fn decode<T: Element>(from: usize, message: Bytes, len: usize) -> Result<Vec<T>, Received> {
-    match message.first() {
+fn decode<T: Element>(from: usize, message: Bytes, len: usize) -> Result<Theirs<T>, Received> {
+    match message.last() {
         Some(&DATA) => {
-            let data: Vec<T> = to_vec(&message[1..]).map_err(Received::Bad)?;
-            if data.len() != len {
-                return Err(Received::Bad(length_mismatch(from, len, data.len())));
+            let elements = message.slice(..message.len() - 1);
+            let theirs = Theirs::new(elements).map_err(Received::Bad)?;
+            if theirs.len() != len {
+                return Err(Received::Bad(length_mismatch(from, len, theirs.len())));
             }
-            Ok(data)
+            Ok(theirs)
         }
         Some(&FAULT) if message.len() >= 5 => {
-            let origin = u32::from_le_bytes([message[1], message[2], message[3], message[4]]);
-            let reason = String::from_utf8_lossy(&message[5..]);
+            let origin = u32::from_le_bytes([message[0], message[1], message[2], message[3]]);
+            let reason = String::from_utf8_lossy(&message[4..message.len() - 1]);
             let error =
                 Error::InvalidArgument(format!("the collective failed on rank {origin}: {reason}"));
             Err(Received::Fault(Fault {
@@ -318,6 +322,44 @@ fn decode<T: Element>(from: usize, message: Bytes, len: usize) -> Result<Vec<T>,
             peer: from,
             detail: "malformed reduction message".into(),
         })),
+    }
+}
+
+/// A peer's elements: read in place from its message when the bytes are aligned for `T` (a
+/// large message's buffer is), else copied out. Made only by `Theirs::new`, which checks.
+pub(crate) enum Theirs<T> {
+    /// The message's bytes, aligned for `T` and a whole number of elements.
+    InPlace(Bytes),
+    Copied(Vec<T>),
+}
+
+impl<T: Element> Theirs<T> {
+    fn new(bytes: Bytes) -> Result<Self, Error> {
+        if bytemuck::try_cast_slice::<u8, T>(&bytes).is_ok() {
+            Ok(Theirs::InPlace(bytes))
+        } else {
+            to_vec(&bytes).map(Theirs::Copied)
+        }
+    }
+
+    /// The elements as a vector of their own.
+    pub fn into_vec(self) -> Vec<T> {
+        match self {
+            Theirs::InPlace(_) => self.to_vec(),
+            Theirs::Copied(v) => v,
+        }
+    }
+}
+
+impl<T: Element> Deref for Theirs<T> {
+    type Target = [T];
+
+    fn deref(&self) -> &[T] {
+        match self {
+            // Checked in `new`: aligned, a whole number of elements.
+            Theirs::InPlace(bytes) => bytemuck::cast_slice(bytes),
+            Theirs::Copied(v) => v,
+        }
     }
 }
 

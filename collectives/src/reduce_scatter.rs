@@ -17,7 +17,7 @@ use rankweave_core::{Error, SendOp};
 
 use crate::allreduce::{Fold, Folded, fold_in, halving_reduce_scatter};
 use crate::ctx::Ctx;
-use crate::reduce::{Reduction, block, reduce_to};
+use crate::reduce::{Reduction, Theirs, block, reduce_to};
 use crate::{Element, ReduceOp};
 
 pub(crate) async fn run<T: Element>(
@@ -47,6 +47,7 @@ async fn recursive_halving<T: Element>(
             return Ok(reduction
                 .receive(incoming, per_rank)
                 .await?
+                .map(Theirs::into_vec)
                 .unwrap_or_default());
         }
         Folded::In { vrank, data } => (vrank, data),
@@ -91,6 +92,7 @@ async fn reduce_then_scatter<T: Element>(
             Ok(reduction
                 .receive(incoming, per_rank)
                 .await?
+                .map(Theirs::into_vec)
                 .unwrap_or_default())
         }
     }

@@ -61,7 +61,7 @@ async fn recursive_doubling<T: Element>(
                 if with_exclusive {
                     match exclusive.as_mut() {
                         Some(acc) => reduction.combine_lower(&lower, acc),
-                        None => exclusive = Some(lower),
+                        None => exclusive = Some(lower.into_vec()),
                     }
                 }
             }

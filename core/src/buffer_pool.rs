@@ -9,7 +9,7 @@
 //! size classes, up to a bound, and hands them out again already faulted in. MPI libraries get
 //! the same effect from the application reusing its receive buffer.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use bytes::Bytes;
 
@@ -34,6 +34,27 @@ struct Classes {
 }
 
 impl BufferPool {
+    /// The process's pool, shared by every rank's endpoint and by the collectives, so the
+    /// bound on kept bytes holds per process however many in-process ranks run.
+    pub fn shared() -> Arc<BufferPool> {
+        static SHARED: OnceLock<Arc<BufferPool>> = OnceLock::new();
+        Arc::clone(SHARED.get_or_init(Arc::default))
+    }
+
+    /// `parts` one after the other in one buffer (pooled when large): how a message is built
+    /// from a header and a payload without a fresh allocation per message.
+    pub fn concat(self: &Arc<Self>, parts: &[&[u8]]) -> Bytes {
+        let len = parts.iter().map(|p| p.len()).sum();
+        let Some(mut buf) = self.take(len) else {
+            // As much memory as the payload itself cannot be had: fail as `Vec` would.
+            return Bytes::from(parts.concat());
+        };
+        for part in parts {
+            buf.extend_from_slice(part);
+        }
+        self.freeze(buf)
+    }
+
     /// An empty buffer with room for at least `len` bytes, or `None` if that much memory
     /// cannot be had.
     pub fn take(self: &Arc<Self>, len: usize) -> Option<Vec<u8>> {
@@ -162,5 +183,20 @@ mod tests {
         let small = pool.take(100).unwrap();
         drop(pool.freeze(small));
         assert_eq!(pool.kept(), kept);
+    }
+
+    #[test]
+    fn concat_joins_parts_into_a_pooled_buffer() {
+        let pool = Arc::new(BufferPool::default());
+        let body = vec![9u8; 100_000];
+        let joined = pool.concat(&[b"head", &body, b"!"]);
+        assert_eq!(joined.len(), 100_005);
+        assert_eq!(&joined[..4], b"head");
+        assert_eq!(&joined[4..100_004], &body[..]);
+        assert_eq!(joined[100_004], b'!');
+        drop(joined);
+        assert_eq!(pool.kept(), 128 << 10, "the buffer went back to the pool");
+        assert_eq!(&pool.concat(&[b"a", b"", b"bc"])[..], b"abc");
+        assert_eq!(pool.kept(), 128 << 10, "small messages are not pooled");
     }
 }

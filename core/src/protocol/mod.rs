@@ -252,7 +252,7 @@ pub struct Endpoint {
     unexpected_bytes: usize,
     stats: Stats,
     /// Where reassembled rendezvous messages get their buffers (reused once the application
-    /// drops them).
+    /// drops them): the process's pool.
     buffers: Arc<BufferPool>,
 }
 
@@ -272,7 +272,7 @@ impl Endpoint {
             events: VecDeque::new(),
             unexpected_bytes: 0,
             stats: Stats::default(),
-            buffers: Arc::default(),
+            buffers: BufferPool::shared(),
         }
     }
 

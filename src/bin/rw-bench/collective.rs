@@ -149,16 +149,31 @@ fn check_len(bench: &str, comm: &Communicator, got: usize, expected: usize) -> R
     )))
 }
 
+/// A send buffer of ones, made once per size and reused by every iteration of that size, as OSU
+/// allocates its buffers once: the timed loop measures the collective, not an allocation.
+#[derive(Default)]
+struct SendBuffer(Bytes);
+
+impl SendBuffer {
+    fn of(&mut self, len: usize) -> Bytes {
+        if self.0.len() != len {
+            self.0 = Bytes::from(vec![1u8; len]);
+        }
+        self.0.clone()
+    }
+}
+
 /// osu_bcast: one broadcast of `size` bytes from rank 0 (with `--skew`, [`bcast_skew`]).
 pub async fn bcast(comm: &Communicator, opts: &Options, out: &mut Reporter) -> Result<()> {
     if opts.skew {
         return bcast_skew(comm, opts, out).await;
     }
     let root = 0;
+    let mut send = SendBuffer::default();
     timed_sizes(comm, opts, out, |size| {
         // Other ranks' contribution is ignored.
         let buf = if comm.rank() == root {
-            Bytes::from(vec![1u8; size])
+            send.of(size)
         } else {
             Bytes::new()
         };
@@ -172,10 +187,12 @@ pub async fn bcast(comm: &Communicator, opts: &Options, out: &mut Reporter) -> R
 
 /// osu_reduce: `MPI_Reduce` (sum) of `size` one-byte elements to rank 0.
 pub async fn reduce(comm: &Communicator, opts: &Options, out: &mut Reporter) -> Result<()> {
+    let mut send = SendBuffer::default();
     timed_sizes(comm, opts, out, |size| {
-        let data = vec![1i8; size];
+        let data = send.of(size);
         async move {
-            let got = comm.reduce(0, &data, Op::Sum).await?;
+            let elements: &[i8] = bytemuck::cast_slice(&data);
+            let got = comm.reduce(0, elements, Op::Sum).await?;
             let len = got.map_or(size, |v| v.len());
             check_len("reduce", comm, len, size)
         }
@@ -185,10 +202,12 @@ pub async fn reduce(comm: &Communicator, opts: &Options, out: &mut Reporter) -> 
 
 /// osu_allreduce: `MPI_Allreduce` (sum) of `size` one-byte elements.
 pub async fn allreduce(comm: &Communicator, opts: &Options, out: &mut Reporter) -> Result<()> {
+    let mut send = SendBuffer::default();
     timed_sizes(comm, opts, out, |size| {
-        let data = vec![1i8; size];
+        let data = send.of(size);
         async move {
-            let got = comm.all_reduce(&data, Op::Sum).await?;
+            let elements: &[i8] = bytemuck::cast_slice(&data);
+            let got = comm.all_reduce(elements, Op::Sum).await?;
             check_len("allreduce", comm, got.len(), size)
         }
     })
@@ -197,10 +216,11 @@ pub async fn allreduce(comm: &Communicator, opts: &Options, out: &mut Reporter) 
 
 /// osu_allgather: every rank contributes `size` bytes and receives `size` from each rank.
 pub async fn allgather(comm: &Communicator, opts: &Options, out: &mut Reporter) -> Result<()> {
+    let mut send = SendBuffer::default();
     timed_sizes(comm, opts, out, |size| {
-        let data = vec![1u8; size];
+        let data = send.of(size);
         async move {
-            let got = comm.all_gather(&data).await?;
+            let got = comm.all_gather(&data[..]).await?;
             check_len("allgather", comm, got.len(), size * comm.size())
         }
     })
@@ -209,10 +229,11 @@ pub async fn allgather(comm: &Communicator, opts: &Options, out: &mut Reporter) 
 
 /// osu_alltoall: every rank sends `size` bytes to each rank and receives `size` from each.
 pub async fn alltoall(comm: &Communicator, opts: &Options, out: &mut Reporter) -> Result<()> {
+    let mut send = SendBuffer::default();
     timed_sizes(comm, opts, out, |size| {
-        let data = vec![1u8; size * comm.size()];
+        let data = send.of(size * comm.size());
         async move {
-            let got = comm.all_to_all(&data).await?;
+            let got = comm.all_to_all(&data[..]).await?;
             check_len("alltoall", comm, got.len(), size * comm.size())
         }
     })
