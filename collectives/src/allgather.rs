@@ -23,25 +23,27 @@ use rankweave_core::Error;
 use rankweave_core::tuning::AllgatherAlgorithm;
 
 use crate::Element;
-use crate::ctx::{Ctx, encode_blocks, to_bytes, to_vec};
+use crate::ctx::{Ctx, encode_blocks, to_vec};
 use crate::ctx::{await_all, concat_equal_blocks, decode_expected_blocks, powers_of_two_below};
 
-pub(crate) async fn all_gather<T: Element>(cx: Ctx, data: Vec<T>) -> Result<Vec<T>, Error> {
-    let count = data.len();
-    let own = to_bytes(&data);
+pub(crate) async fn all_gather<T: Element>(
+    cx: Ctx,
+    own: Bytes,
+    count: usize,
+) -> Result<Vec<T>, Error> {
     let algorithm = choose_for_equal_counts(&cx, own.len());
     let blocks = gather_everywhere(&cx, algorithm, own).await?;
     concat_equal_blocks(&blocks, count)
 }
 
-pub(crate) async fn all_gatherv<T: Element>(cx: Ctx, data: Vec<T>) -> Result<Vec<Vec<T>>, Error> {
+pub(crate) async fn all_gatherv<T: Element>(cx: Ctx, data: Bytes) -> Result<Vec<Vec<T>>, Error> {
     let algorithm = cx
         .comm
         .config()
         .collectives
         .allgather
         .unwrap_or(AllgatherAlgorithm::Bruck);
-    let blocks = gather_everywhere(&cx, algorithm, to_bytes(&data)).await?;
+    let blocks = gather_everywhere(&cx, algorithm, data).await?;
     blocks.iter().map(|block| to_vec(block)).collect()
 }
 

@@ -24,17 +24,19 @@ use crate::Element;
 use crate::ctx::{Ctx, encode_blocks, to_bytes, to_vec};
 use crate::ctx::{await_all, concat_equal_blocks, decode_expected_blocks, powers_of_two_below};
 
-pub(crate) async fn all_to_all<T: Element>(cx: Ctx, data: Vec<T>) -> Result<Vec<T>, Error> {
+pub(crate) async fn all_to_all<T: Element>(
+    cx: Ctx,
+    bytes: Bytes,
+    len: usize,
+) -> Result<Vec<T>, Error> {
     let n = cx.size;
-    if data.len() % n != 0 {
+    if len % n != 0 {
         return Err(Error::InvalidArgument(format!(
-            "all_to_all: {} elements do not split into {n} equal blocks",
-            data.len()
+            "all_to_all: {len} elements do not split into {n} equal blocks"
         )));
     }
-    let count = data.len() / n;
+    let count = len / n;
     let block_bytes = count * std::mem::size_of::<T>();
-    let bytes = to_bytes(&data);
     let blocks = (0..n)
         .map(|r| bytes.slice(r * block_bytes..(r + 1) * block_bytes))
         .collect();

@@ -67,9 +67,31 @@ pub(crate) fn to_vec<T: bytemuck::Pod>(data: &[u8]) -> Result<Vec<T>, Error> {
             elem,
         });
     }
-    let mut v = vec![T::zeroed(); data.len() / elem];
-    bytemuck::cast_slice_mut::<T, u8>(&mut v).copy_from_slice(data);
-    Ok(v)
+    Ok(elements_of(&[data]))
+}
+
+/// The elements whose bytes are `parts`, one after the other (a whole number of elements in
+/// all, checked by the callers). Copied straight into fresh capacity: zeroing the vector first,
+/// as safe code must, would add a pass over memory as long as the copy itself.
+fn elements_of<T: bytemuck::Pod>(parts: &[&[u8]]) -> Vec<T> {
+    let bytes: usize = parts.iter().map(|p| p.len()).sum();
+    let elem = std::mem::size_of::<T>().max(1);
+    let len = bytes / elem;
+    let mut v: Vec<T> = Vec::with_capacity(len);
+    let dst = v.as_mut_ptr().cast::<u8>();
+    let mut at = 0;
+    for part in parts {
+        let n = part.len().min(len * elem - at);
+        // SAFETY: `dst` points at capacity for `len * elem` bytes and `at + n` stays within
+        // it (`n` is clamped); a fresh vector's buffer cannot overlap `part`.
+        unsafe { std::ptr::copy_nonoverlapping(part.as_ptr(), dst.add(at), n) };
+        at += n;
+    }
+    let filled = at / elem;
+    // SAFETY: the first `filled` elements were written byte for byte above, and any bytes are
+    // a valid `T` (`Pod`). (`filled == len` when the callers' lengths hold.)
+    unsafe { v.set_len(filled) };
+    v
 }
 
 /// The bytes of a slice of elements (in a pooled buffer when large: no allocation per call).
@@ -182,12 +204,11 @@ pub(crate) fn concat_equal_blocks<T: bytemuck::Pod>(
         }
         return Err(length_mismatch(rank, count, block.len() / elem.max(1)));
     }
-    let mut out = vec![T::zeroed(); count * blocks.len()];
-    let out_bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut out);
-    for (i, block) in blocks.iter().enumerate() {
-        out_bytes[i * block_bytes..(i + 1) * block_bytes].copy_from_slice(block);
+    if elem == 0 {
+        return Ok(vec![T::zeroed(); count * blocks.len()]);
     }
-    Ok(out)
+    let parts: Vec<&[u8]> = blocks.iter().map(|b| &b[..]).collect();
+    Ok(elements_of(&parts))
 }
 
 /// Waits for sends started earlier.
@@ -237,5 +258,25 @@ mod tests {
             to_vec::<u32>(&bytes[..3]),
             Err(Error::Misaligned { len: 3, elem: 4 })
         ));
+    }
+
+    #[test]
+    fn equal_blocks_concatenate_and_mismatches_are_caught() {
+        let blocks = [
+            Bytes::from_static(&[1, 0, 2, 0]),
+            Bytes::from_static(&[3, 0, 4, 0]),
+            Bytes::from_static(&[5, 0, 6, 0]),
+        ];
+        let v: Vec<u16> = concat_equal_blocks(&blocks, 2).unwrap();
+        assert_eq!(v, [1, 2, 3, 4, 5, 6]);
+        let uneven = [blocks[0].clone(), blocks[1].slice(..2)];
+        assert!(concat_equal_blocks::<u16>(&uneven, 2).is_err());
+        let odd = [blocks[0].clone(), blocks[1].slice(..3)];
+        assert!(matches!(
+            concat_equal_blocks::<u16>(&odd, 2),
+            Err(Error::Misaligned { len: 3, elem: 2 })
+        ));
+        let units: Vec<()> = concat_equal_blocks(&[Bytes::new(), Bytes::new()], 3).unwrap();
+        assert_eq!(units.len(), 6, "zero-sized elements keep their count");
     }
 }

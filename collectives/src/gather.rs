@@ -9,18 +9,16 @@ use bytes::Bytes;
 use rankweave_core::Error;
 
 use crate::Element;
-use crate::ctx::{
-    Ctx, concat_equal_blocks, decode_expected_blocks, encode_blocks, to_bytes, to_vec,
-};
+use crate::ctx::{Ctx, concat_equal_blocks, decode_expected_blocks, encode_blocks, to_vec};
 use crate::tree::BinomialTree;
 
 pub(crate) async fn gather<T: Element>(
     cx: Ctx,
     root: usize,
-    data: Vec<T>,
+    data: Bytes,
+    count: usize,
 ) -> Result<Option<Vec<T>>, Error> {
-    let count = data.len();
-    match gather_blocks(&cx, root, to_bytes(&data)).await? {
+    match gather_blocks(&cx, root, data).await? {
         Some(blocks) => concat_equal_blocks(&blocks, count).map(Some),
         None => Ok(None),
     }
@@ -29,9 +27,9 @@ pub(crate) async fn gather<T: Element>(
 pub(crate) async fn gatherv<T: Element>(
     cx: Ctx,
     root: usize,
-    data: Vec<T>,
+    data: Bytes,
 ) -> Result<Option<Vec<Vec<T>>>, Error> {
-    match gather_blocks(&cx, root, to_bytes(&data)).await? {
+    match gather_blocks(&cx, root, data).await? {
         Some(blocks) => blocks
             .iter()
             .map(|block| to_vec(block))

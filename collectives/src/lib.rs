@@ -219,16 +219,16 @@ impl Collectives for Communicator {
     }
 
     fn gather<T: Element>(&self, root: usize, data: &[T]) -> CollectiveOp<Option<Vec<T>>> {
-        let data = data.to_vec();
+        let (count, data) = (data.len(), ctx::to_bytes(data));
         start(self, ctx::check_root(root, self.size()), move |cx| {
-            gather::gather(cx, root, data)
+            gather::gather::<T>(cx, root, data, count)
         })
     }
 
     fn gatherv<T: Element>(&self, root: usize, data: &[T]) -> CollectiveOp<Option<Vec<Vec<T>>>> {
-        let data = data.to_vec();
+        let data = ctx::to_bytes(data);
         start(self, ctx::check_root(root, self.size()), move |cx| {
-            gather::gatherv(cx, root, data)
+            gather::gatherv::<T>(cx, root, data)
         })
     }
 
@@ -271,13 +271,17 @@ impl Collectives for Communicator {
     }
 
     fn all_gather<T: Element>(&self, data: &[T]) -> CollectiveOp<Vec<T>> {
-        let data = data.to_vec();
-        start(self, Ok(()), move |cx| allgather::all_gather(cx, data))
+        let (count, data) = (data.len(), ctx::to_bytes(data));
+        start(self, Ok(()), move |cx| {
+            allgather::all_gather::<T>(cx, data, count)
+        })
     }
 
     fn all_gatherv<T: Element>(&self, data: &[T]) -> CollectiveOp<Vec<Vec<T>>> {
-        let data = data.to_vec();
-        start(self, Ok(()), move |cx| allgather::all_gatherv(cx, data))
+        let data = ctx::to_bytes(data);
+        start(self, Ok(()), move |cx| {
+            allgather::all_gatherv::<T>(cx, data)
+        })
     }
 
     fn all_to_all<T: Element>(&self, data: &[T]) -> CollectiveOp<Vec<T>> {
@@ -290,8 +294,10 @@ impl Collectives for Communicator {
                 data.len()
             )))
         };
-        let data = data.to_vec();
-        start(self, check, move |cx| alltoall::all_to_all(cx, data))
+        let (count, data) = (data.len(), ctx::to_bytes(data));
+        start(self, check, move |cx| {
+            alltoall::all_to_all::<T>(cx, data, count)
+        })
     }
 
     fn all_to_allv<T: Element>(&self, blocks: Vec<Vec<T>>) -> CollectiveOp<Vec<Vec<T>>> {
