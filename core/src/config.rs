@@ -45,7 +45,7 @@ pub struct ShmConfig {
     /// a power of two of at least 4 KiB. Default 128 KiB.
     pub ring_bytes: usize,
     /// `RANKWEAVE_SHM_INLINE`: frames up to this many bytes (header included) are copied
-    /// through the ring; larger ones go by single copy (or in pieces). Default 16 KiB; capped
+    /// through the ring; larger ones go by single copy (or in pieces). Default 32 KiB; capped
     /// at a quarter of the ring.
     pub inline_max: usize,
     /// `RANKWEAVE_SHM_SINGLE_COPY` (`on`/`off`): let receivers read large payloads straight
@@ -58,7 +58,7 @@ impl Default for ShmConfig {
     fn default() -> Self {
         ShmConfig {
             ring_bytes: 128 * 1024,
-            inline_max: 16 * 1024,
+            inline_max: 32 * 1024,
             single_copy: true,
         }
     }
