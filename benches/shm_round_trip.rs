@@ -4,12 +4,16 @@
 //! executed inside [`round_trips`] is one rank's work on the path and none is waiting.
 //!
 //! ```text
-//! cargo bench --bench shm_round_trip -- 1 100000        # SIZE ITERATIONS [miss]
+//! cargo bench --bench shm_round_trip -- 1 100000        # SIZE ITERATIONS [miss|barrier]
 //! bench/callgrind-shm 1                                  # instructions per round trip
+//! bench/callgrind-shm 0 3000 barrier                     # ... per 2-rank barrier
 //! ```
 //!
 //! With `miss`, each receive is polled once before its message is sent, as a waiting rank's
-//! is: one failed check and one spin burst. Wall-clock time is printed too, but on a VM it
+//! is: one failed check and one spin burst. With `barrier`, each iteration is a barrier of
+//! the two ranks (`SIZE` unused): the collective path's cost next to the point-to-point one, in
+//! instructions. (Its wall-clock time is not a barrier's: with both ranks on one thread, a
+//! rank that waits spins its whole burst before the other can run.) Wall-clock time is printed too, but on a VM it
 //! drifts; callgrind's instruction count (`bench/callgrind-shm`) does not. The book's
 //! Performance chapter ("Counting the small-message path") has the method and the history.
 
@@ -20,7 +24,7 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use rankweave::{Communicator, Config};
+use rankweave::{Collectives, Communicator, Config};
 use rankweave_core::{ProgressPolicy, Transport};
 use rankweave_transports::shm::{LocalSegments, ShmTransport};
 
@@ -37,8 +41,19 @@ async fn poll_once_pending(r: &mut rankweave_core::RecvOp) {
 }
 
 /// `n` round trips between ranks 0 and 1; kept out of line so callgrind can count it alone.
+/// With `Mode::Barrier`, `n` barriers of the two ranks instead (the collective path: one
+/// message each way, plus starting, running and finishing a collective on each rank).
 #[inline(never)]
-async fn round_trips(c: &[Communicator], buf: &Bytes, n: usize, miss: bool) {
+async fn round_trips(c: &[Communicator], buf: &Bytes, n: usize, mode: Mode) {
+    if mode == Mode::Barrier {
+        for _ in 0..n {
+            let (a, b) = tokio::join!(c[0].barrier(), c[1].barrier());
+            a.expect("barrier");
+            b.expect("barrier");
+        }
+        return;
+    }
+    let miss = mode == Mode::Miss;
     for _ in 0..n {
         for (from, to) in [(0usize, 1usize), (1, 0)] {
             let mut r = c[to].recv(from, 1u32);
@@ -52,6 +67,16 @@ async fn round_trips(c: &[Communicator], buf: &Bytes, n: usize, miss: bool) {
     }
 }
 
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Each message is there when its receive is first polled.
+    Hit,
+    /// Each receive is polled once before its message is sent.
+    Miss,
+    /// Barriers instead of round trips.
+    Barrier,
+}
+
 fn main() {
     let args: Vec<String> = std::env::args()
         .skip(1)
@@ -59,10 +84,18 @@ fn main() {
         .collect();
     let number = |i: usize, default: usize| args.get(i).map_or(Ok(default), |a| a.parse());
     let (Ok(size), Ok(n)) = (number(0, 1), number(1, 100_000)) else {
-        eprintln!("usage: shm_round_trip [SIZE [ITERATIONS [miss]]]");
+        eprintln!("usage: shm_round_trip [SIZE [ITERATIONS [miss|barrier]]]");
         std::process::exit(2);
     };
-    let miss = args.get(2).is_some_and(|a| a == "miss");
+    let mode = match args.get(2).map(String::as_str) {
+        None => Mode::Hit,
+        Some("miss") => Mode::Miss,
+        Some("barrier") => Mode::Barrier,
+        Some(other) => {
+            eprintln!("shm_round_trip: unknown mode {other:?} (miss or barrier)");
+            std::process::exit(2);
+        }
+    };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -99,9 +132,9 @@ fn main() {
             .collect();
         let buf = Bytes::from(vec![b'a'; size]);
         // Warm-up: connections, arenas, matching lists.
-        round_trips(&comms, &buf, 100, miss).await;
+        round_trips(&comms, &buf, 100, mode).await;
         let start = Instant::now();
-        round_trips(&comms, &buf, n, miss).await;
+        round_trips(&comms, &buf, n, mode).await;
         let per = start.elapsed().as_nanos() as f64 / n as f64;
         println!("size {size}: {per:.1} ns per round trip (both ranks' work, one thread)");
         for t in &transports {
