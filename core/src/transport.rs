@@ -71,7 +71,10 @@ pub trait Transport: Send + Sync + 'static {
     fn poll_arrival(&self, cx: &mut Context<'_>) -> Poll<()>;
 
     /// A cheap hint for busy pollers: `false` only if nothing can have arrived since the last
-    /// [`drain`](Self::drain). The default (always `true`) is correct for any transport.
+    /// [`drain`](Self::drain) — or, for a transport that needs a system call to know (UDP),
+    /// once right after a drain that found nothing more: the poller's next look, or the
+    /// progress task's readiness wake-up, then finds what came meanwhile. The default (always
+    /// `true`) is correct for any transport.
     fn may_have_arrivals(&self) -> bool {
         true
     }

@@ -108,6 +108,10 @@ struct Shared<C> {
     /// are any, they run the links' timers themselves, so a deadline that moves earlier does
     /// not wake the parked progress task (a cross-thread wake per message otherwise).
     busy_pollers: AtomicUsize,
+    /// The last drain emptied the carrier (it read until every socket would block) and the
+    /// ready queue, and nothing was queued since: the busy poller's next look can skip the
+    /// system call that would only find the sockets empty again (see `may_have_arrivals`).
+    drained_empty: AtomicBool,
     state: Mutex<State>,
 }
 
@@ -175,6 +179,7 @@ impl<C: Carrier> LinkTransport<C> {
                 closed: AtomicBool::new(false),
                 drained: AtomicBool::new(false),
                 busy_pollers: AtomicUsize::new(0),
+                drained_empty: AtomicBool::new(false),
                 state: Mutex::new(state),
             }),
         }
@@ -343,7 +348,10 @@ impl<C: Carrier> Shared<C> {
     /// Decodes a delivered payload as a frame and queues it for the message layer.
     fn deliver(&self, st: &mut State, from: u32, payload: Bytes) {
         match wire::decode(payload) {
-            Ok(frame) => st.ready.push_back(Arrival::Frame { from, frame }),
+            Ok(frame) => {
+                st.ready.push_back(Arrival::Frame { from, frame });
+                self.drained_empty.store(false, Ordering::Relaxed);
+            }
             Err(e) => {
                 tracing::debug!(rank = self.config.rank, from, error = %e, "undecodable frame");
                 st.counters.malformed_dropped += 1;
@@ -365,6 +373,7 @@ impl<C: Carrier> Shared<C> {
                     if st.lost.insert(rank) {
                         st.counters.peers_lost += 1;
                         st.ready.push_back(Arrival::PeerLost { rank });
+                        self.drained_empty.store(false, Ordering::Relaxed);
                         tracing::warn!(
                             rank = self.config.rank,
                             peer = rank,
@@ -567,7 +576,23 @@ impl<C: Carrier> Transport for LinkTransport<C> {
         sh.advance(&mut st, Instant::now());
         let n = st.ready.len();
         out.extend(st.ready.drain(..));
+        sh.drained_empty.store(true, Ordering::Relaxed);
         Ok(n)
+    }
+
+    /// `false` once right after a drain that left nothing behind, else `true`: knowing whether
+    /// a datagram came takes a system call, and a drain reads until the sockets would block, so
+    /// the look that a pump takes straight after handling what it drained would only pay one
+    /// more `recvfrom` to find them empty — on the critical path of every ping-pong message.
+    /// Whatever arrives meanwhile is found by the busy poller's next look or, with nobody
+    /// polling, by the progress task, which waits on the sockets' readiness.
+    fn may_have_arrivals(&self) -> bool {
+        let flag = &self.shared.drained_empty;
+        if flag.load(Ordering::Relaxed) {
+            flag.store(false, Ordering::Relaxed);
+            return false;
+        }
+        true
     }
 
     fn poll_arrival(&self, cx: &mut Context<'_>) -> Poll<()> {
