@@ -66,7 +66,7 @@ pub(crate) async fn run(cx: Ctx, root: usize, data: Bytes) -> Result<Bytes, Erro
         BcastAlgorithm::Binomial if header.separate => {
             let body = match (data, tree.parent()) {
                 (Some(data), _) => Ok(data),
-                (None, Some(parent)) => separate_body(&cx, parent, len).await,
+                (None, Some(parent)) => cx.recv(parent).await,
                 // Cannot happen: the root has the data, every other rank a parent.
                 (None, None) => Err(Error::Protocol {
                     peer: root,
@@ -74,14 +74,16 @@ pub(crate) async fn run(cx: Ctx, root: usize, data: Bytes) -> Result<Bytes, Erro
                 }),
             };
             if let Ok(body) = &body {
-                // After the header on each edge (sends to one rank keep their order).
+                // After the header on each edge (sends to one rank keep their order), and
+                // before checking it: children must not wait for a body that never comes,
+                // and each of them checks it too.
                 sends.extend(
                     tree.children()
                         .iter()
                         .map(|c| cx.send(c.rank, body.clone())),
                 );
             }
-            body
+            body.and_then(|body| check_body(tree.parent().unwrap_or(root), body, len))
         }
         BcastAlgorithm::Binomial => Ok(message.slice(HEADER_LEN..)),
         _ if len == 0 => Ok(Bytes::new()),
@@ -96,12 +98,12 @@ pub(crate) async fn run(cx: Ctx, root: usize, data: Bytes) -> Result<Bytes, Erro
     result
 }
 
-/// The data of a binomial broadcast sent apart from its header, checked against the header.
-async fn separate_body(cx: &Ctx, parent: usize, len: usize) -> Result<Bytes, Error> {
-    let body = cx.recv(parent).await?;
+/// The data of a binomial broadcast sent apart from its header (by `from`), checked against
+/// the header.
+fn check_body(from: usize, body: Bytes, len: usize) -> Result<Bytes, Error> {
     if body.len() != len {
         return Err(Error::Protocol {
-            peer: parent,
+            peer: from,
             detail: format!(
                 "broadcast: {} bytes of data where the header announced {len}",
                 body.len()
