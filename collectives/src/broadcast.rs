@@ -45,22 +45,27 @@ pub(crate) async fn run(cx: Ctx, root: usize, data: Bytes) -> Result<Bytes, Erro
         return Ok(data);
     }
     let tree = BinomialTree::new(&cx, root);
-    let (message, header, data) = match tree.parent() {
+    let (message, data) = match tree.parent() {
         None => {
             let header = Header::new(choose(&cx, data.len()), data.len());
-            (header.message(&data), header, Some(data))
+            (header.message(&data), Some(data))
         }
-        Some(parent) => {
-            let message = cx.recv(parent).await?;
-            let header = Header::decode(parent, &message)?;
-            (message, header, None)
-        }
+        Some(parent) => (cx.recv(parent).await?, None),
     };
+    // Forwarded before it is decoded: a malformed header fails every rank below too, instead
+    // of leaving them waiting for a message that would never come.
     let mut sends: Vec<SendOp> = tree
         .children()
         .iter()
         .map(|child| cx.send(child.rank, message.clone()))
         .collect();
+    let header = match Header::decode(tree.parent().unwrap_or(cx.rank), &message) {
+        Ok(header) => header,
+        Err(e) => {
+            await_all(sends).await?;
+            return Err(e);
+        }
+    };
     let len = header.len;
     let result = match header.algorithm {
         BcastAlgorithm::Binomial if header.separate => {
@@ -73,16 +78,16 @@ pub(crate) async fn run(cx: Ctx, root: usize, data: Bytes) -> Result<Bytes, Erro
                     detail: "broadcast: a rank with neither the data nor a parent".into(),
                 }),
             };
-            if let Ok(body) = &body {
-                // After the header on each edge (sends to one rank keep their order), and
-                // before checking it: children must not wait for a body that never comes,
-                // and each of them checks it too.
-                sends.extend(
-                    tree.children()
-                        .iter()
-                        .map(|c| cx.send(c.rank, body.clone())),
-                );
-            }
+            // After the header on each edge (sends to one rank keep their order), and before
+            // checking it: children must not wait for a body that never comes, and each of
+            // them checks it too. If none came here (the parent failed), an empty one: it
+            // fails their check, as the announced length is never 0 with data apart.
+            let forwarded = body.as_ref().map_or_else(|_| Bytes::new(), Bytes::clone);
+            sends.extend(
+                tree.children()
+                    .iter()
+                    .map(|c| cx.send(c.rank, forwarded.clone())),
+            );
             body.and_then(|body| check_body(tree.parent().unwrap_or(root), body, len))
         }
         BcastAlgorithm::Binomial => Ok(message.slice(HEADER_LEN..)),
@@ -206,6 +211,13 @@ impl Header {
             .ok()
             .filter(|_| len <= MAX_LEN)
             .ok_or_else(|| bad(format!("absurd length {len}")))?;
+        if separate && len == 0 {
+            // The root sends data apart only from `SEPARATE_FROM` bytes: an empty body is how
+            // a rank tells its children that none came (see `run`).
+            return Err(bad(
+                "data apart from the header of an empty broadcast".into()
+            ));
+        }
         let header = Header {
             algorithm,
             len,

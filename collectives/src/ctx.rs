@@ -74,8 +74,13 @@ pub(crate) fn to_vec<T: bytemuck::Pod>(data: &[u8]) -> Result<Vec<T>, Error> {
 /// all, checked by the callers). Copied straight into fresh capacity: zeroing the vector first,
 /// as safe code must, would add a pass over memory as long as the copy itself.
 fn elements_of<T: bytemuck::Pod>(parts: &[&[u8]]) -> Vec<T> {
+    let elem = std::mem::size_of::<T>();
+    if elem == 0 {
+        // No bytes to place (and a zero-sized vector's buffer is dangling): callers count
+        // zero-sized elements themselves.
+        return Vec::new();
+    }
     let bytes: usize = parts.iter().map(|p| p.len()).sum();
-    let elem = std::mem::size_of::<T>().max(1);
     let len = bytes / elem;
     let mut v: Vec<T> = Vec::with_capacity(len);
     let dst = v.as_mut_ptr().cast::<u8>();

@@ -657,42 +657,57 @@ async fn eight_megabytes_through_broadcast_all_gather_and_all_to_all() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_short_separate_body_fails_every_rank_without_a_hang() {
-    // Rank 0 plays a faulty root: it announces a binomial broadcast of 20 000 bytes sent apart
-    // from the header (flag 1), then sends 100 bytes, to every other rank. Its children forward
-    // both before checking, so their children hear of it too; nobody waits for a body.
-    let announced = 20_000u64;
+/// Rank 0 of a 5-rank job plays a faulty root: it sends `messages` to every other rank on the
+/// first collective's tag while the others broadcast from it. Every other rank must fail with
+/// a protocol error whose text contains `expected` — the ranks below rank 0's children too,
+/// which hear only what their parents forward — and none may hang.
+async fn faulty_root_fails_everyone(messages: Vec<Vec<u8>>, expected: &'static str) {
     let got = job_within(
         5,
         &Config::default(),
         Duration::from_secs(20),
-        move |comm| async move {
-            if comm.rank() != 0 {
-                return Some(comm.broadcast(0, Bytes::new()).await);
+        move |comm| {
+            let messages = messages.clone();
+            async move {
+                if comm.rank() != 0 {
+                    return Some(comm.broadcast(0, Bytes::new()).await);
+                }
+                let tag = comm.next_collective();
+                for child in 1..comm.size() {
+                    for m in &messages {
+                        comm.collective_send(child, tag, m.clone()).await.unwrap();
+                    }
+                }
+                None
             }
-            let tag = comm.next_collective();
-            let mut header = vec![0u8; 16];
-            header[1] = 1;
-            header[8..].copy_from_slice(&announced.to_le_bytes());
-            for child in 1..comm.size() {
-                comm.collective_send(child, tag, header.clone())
-                    .await
-                    .unwrap();
-                comm.collective_send(child, tag, vec![7u8; 100])
-                    .await
-                    .unwrap();
-            }
-            None
         },
     )
     .await;
     for (rank, r) in got.into_iter().enumerate().skip(1) {
         match r {
             Some(Err(Error::Protocol { detail, .. })) => {
-                assert!(detail.contains("100 bytes"), "rank {rank}: {detail}")
+                assert!(detail.contains(expected), "rank {rank}: {detail}")
             }
             other => panic!("rank {rank}: expected a protocol error, got {other:?}"),
         }
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_separate_body_fails_every_rank_without_a_hang() {
+    // A binomial broadcast of 20 000 bytes announced as sent apart (flag 1), then 100 bytes.
+    let mut header = vec![0u8; 16];
+    header[1] = 1;
+    header[8..].copy_from_slice(&20_000u64.to_le_bytes());
+    faulty_root_fails_everyone(vec![header, vec![7u8; 100]], "100 bytes").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_header_fails_every_rank_without_a_hang() {
+    let mut header = vec![0u8; 16];
+    header[0] = 9; // no such algorithm
+    faulty_root_fails_everyone(vec![header], "unknown algorithm").await;
+    let mut empty_apart = vec![0u8; 16];
+    empty_apart[1] = 1;
+    faulty_root_fails_everyone(vec![empty_apart], "empty broadcast").await;
 }

@@ -37,8 +37,9 @@ struct Classes {
 }
 
 impl BufferPool {
-    /// The process's pool, shared by every rank's endpoint and by the collectives, so the
-    /// bound on kept bytes holds per process however many in-process ranks run.
+    /// The process's pool, shared by every rank's endpoint (reassembly) and by the
+    /// collectives, so their bound on kept bytes holds per process however many in-process
+    /// ranks run. (Each shared-memory and UDP transport keeps a pool of its own.)
     pub fn shared() -> Arc<BufferPool> {
         static SHARED: OnceLock<Arc<BufferPool>> = OnceLock::new();
         Arc::clone(SHARED.get_or_init(Arc::default))
