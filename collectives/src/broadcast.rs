@@ -45,12 +45,13 @@ pub(crate) async fn run(cx: Ctx, root: usize, data: Bytes) -> Result<Bytes, Erro
         return Ok(data);
     }
     let tree = BinomialTree::new(&cx, root);
-    let (message, data) = match tree.parent() {
+    // The root knows its header; the others read it from their parent's message.
+    let (message, data, known) = match tree.parent() {
         None => {
             let header = Header::new(choose(&cx, data.len()), data.len());
-            (header.message(&data), Some(data))
+            (header.message(&data), Some(data), Some(header))
         }
-        Some(parent) => (cx.recv(parent).await?, None),
+        Some(parent) => (cx.recv(parent).await?, None, None),
     };
     // Forwarded before it is decoded: a malformed header fails every rank below too, instead
     // of leaving them waiting for a message that would never come.
@@ -59,7 +60,11 @@ pub(crate) async fn run(cx: Ctx, root: usize, data: Bytes) -> Result<Bytes, Erro
         .iter()
         .map(|child| cx.send(child.rank, message.clone()))
         .collect();
-    let header = match Header::decode(tree.parent().unwrap_or(cx.rank), &message) {
+    let header = known.map_or_else(
+        || Header::decode(tree.parent().unwrap_or(root), &message),
+        Ok,
+    );
+    let header = match header {
         Ok(header) => header,
         Err(e) => {
             await_all(sends).await?;
