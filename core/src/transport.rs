@@ -63,7 +63,9 @@ pub trait Transport: Send + Sync + 'static {
     /// that never were reachable (out of range, no route, connection refused).
     fn send(&self, to: u32, frame: Frame) -> Result<(), TransportError>;
 
-    /// Moves everything that has arrived into `out`; returns how many were added.
+    /// Moves what has arrived into `out`; returns how many were added. A transport may stop
+    /// after a bounded batch as long as [`may_have_arrivals`](Self::may_have_arrivals) and
+    /// [`poll_arrival`](Self::poll_arrival) still report the rest.
     fn drain(&self, out: &mut Vec<Arrival>) -> Result<usize, TransportError>;
 
     /// Registers the task to be woken when something may have arrived; `Ready` if something

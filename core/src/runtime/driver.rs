@@ -146,8 +146,7 @@ impl Driver {
                 if !arrived && !d.transport.may_have_arrivals() {
                     return None;
                 }
-                d.pump(st, wake);
-                check(st)
+                d.pump_until(st, wake, &mut check)
             })
         })
     }
@@ -168,7 +167,23 @@ impl Driver {
     /// Moves data: drains the transport into the endpoint, sends what the endpoint produced and
     /// collects the wakers of finished operations into `wake` (woken after the lock is released).
     fn pump(&self, st: &mut DriverState, wake: &mut Vec<Waker>) {
+        self.pump_until(st, wake, |_| None::<()>);
+    }
+
+    /// [`pump`](Self::pump), stopping as soon as `check` has an answer, which it returns.
+    ///
+    /// What is still in the transport stays there for the next poll or the progress task:
+    /// a waiting future gets its result without first taking in everything behind it (a
+    /// transport may deliver in bounded batches so that large payloads are read only when
+    /// their receive asks; see the shared-memory transport's reads).
+    fn pump_until<R>(
+        &self,
+        st: &mut DriverState,
+        wake: &mut Vec<Waker>,
+        mut check: impl FnMut(&mut DriverState) -> Option<R>,
+    ) -> Option<R> {
         let mut arrivals = std::mem::take(&mut st.arrivals);
+        let mut answer = None;
         loop {
             if let Err(e) = self.transport.drain(&mut arrivals) {
                 tracing::warn!(rank = self.rank, error = %e, "transport drain failed");
@@ -178,6 +193,10 @@ impl Driver {
             }
             for a in arrivals.drain(..) {
                 st.endpoint.handle(a);
+            }
+            answer = check(st);
+            if answer.is_some() {
+                break;
             }
             // Look again only if something may have come meanwhile (for shared memory a few
             // loads, where a drain takes locks and walks every ring). If not, what handling
@@ -189,6 +208,7 @@ impl Driver {
         }
         // `run` flushes after its closure: nothing is left queued.
         st.arrivals = arrivals;
+        answer
     }
 
     /// Hands queued frames to the transport and turns events into wakers.

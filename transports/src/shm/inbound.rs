@@ -25,6 +25,9 @@ use rankweave_core::buffer_pool::BufferPool;
 /// application keeps long does not keep much else alive with it.
 const ARENA_CHUNK: usize = 16 * 1024;
 
+/// Payload bytes after which one read stops (see [`Inbound::read`]).
+const READ_BYTES: usize = 256 * 1024;
+
 /// The largest frame accepted in pieces (1 TiB): a sanity bound on a peer-supplied length.
 const MAX_PIECED_FRAME: u64 = 1 << 40;
 
@@ -134,8 +137,16 @@ impl Inbound {
                 .is_some_and(|(control, _)| self.consumer.has_records(control))
     }
 
-    /// Reads up to `budget` records. Frames go to `out` (see [`ReadInto`]), requests for the
-    /// transport to `effects`.
+    /// Reads up to `budget` records, stopping early once [`READ_BYTES`] of payload are
+    /// delivered. Frames go to `out` (see [`ReadInto`]), requests for the transport to
+    /// `effects`.
+    ///
+    /// The byte bound is what keeps large receives in cache: a receive waiting for its
+    /// message pumps only until it has it, so the next large payload is read when its own
+    /// receive asks, into the buffer the application has just given back to the pool,
+    /// instead of a whole window of payloads being read at once into buffers that have long
+    /// left the cache by the time they are looked at (shared-memory bandwidth at 1 MiB went
+    /// from ~0.75x to ~1.0x Open MPI's).
     pub(crate) fn read(
         &mut self,
         own: &Segment,
@@ -149,7 +160,11 @@ impl Inbound {
             return outcome;
         };
         let stream = &mut self.stream;
-        while outcome.records < budget && !stream.said_bye && !stream.broken {
+        while outcome.records < budget
+            && outcome.bytes < READ_BYTES
+            && !stream.said_bye
+            && !stream.broken
+        {
             let popped = self.consumer.pop(control, &data, |kind, body| {
                 stream.handle(kind, body, into, out, effects)
             });

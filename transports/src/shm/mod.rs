@@ -662,16 +662,19 @@ impl ShmRank {
                         lock(&peer.out).done(token);
                     }
                     Effect::OweDone(token) => {
+                        // A `DONE` only lets the peer drop its reference to the payload; no
+                        // operation waits for it, so it does not ring the peer's doorbell (a
+                        // system call on this rank's path per large message): the peer's next
+                        // drain, or its closing, reads it. Records queued before it still do.
                         self.with_outbound(peer, |o| {
-                            (
-                                (),
-                                o.send_control(
-                                    &peer.segment,
-                                    me,
-                                    record::DONE,
-                                    &token.to_le_bytes(),
-                                ),
-                            )
+                            let others = o.has_queued();
+                            let published = o.send_control(
+                                &peer.segment,
+                                me,
+                                record::DONE,
+                                &token.to_le_bytes(),
+                            );
+                            ((), published && others)
                         });
                     }
                 }

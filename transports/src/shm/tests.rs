@@ -131,6 +131,46 @@ async fn frames_of_every_size_arrive_whole_and_in_order_pipelined() {
 }
 
 #[tokio::test]
+async fn large_payloads_are_read_in_bounded_batches_and_done_rings_no_doorbell() {
+    let t = job(2, settings(128 * 1024, true));
+    // Connect (the first large frame goes in pieces, until the receiver has said it can read).
+    t[0].send(1, eager(99, vec![])).unwrap();
+    assert_eq!(collect(&t[1], &[&t[0]], 1).len(), 1);
+    let len = 300_000;
+    for i in 0..3u64 {
+        t[0].send(1, eager(i, pattern(len, i))).unwrap();
+    }
+    assert_eq!(t[0].counters().single_copy_sent, 3);
+    // Rank 0 parks: its doorbell is armed, so anything that must wake it signals.
+    t[0].rank.own.doorbell().arm();
+    let signals = t[1].counters().signals_sent;
+    // Each payload is over the batch bound: one read per drain, the rest still reported.
+    let mut got = Vec::new();
+    for i in 0..3u64 {
+        assert!(t[1].may_have_arrivals(), "payload {i} is still waiting");
+        let mut out = Vec::new();
+        assert_eq!(t[1].drain(&mut out).unwrap(), 1, "one payload per drain");
+        got.extend(payloads(out, 0));
+    }
+    let mut out = Vec::new();
+    assert_eq!(t[1].drain(&mut out).unwrap(), 0);
+    for (i, (seq, p)) in got.iter().enumerate() {
+        assert_eq!(*seq, i as u64);
+        assert_eq!(&p[..], &pattern(len, i as u64)[..]);
+    }
+    assert_eq!(
+        t[1].counters().signals_sent,
+        signals,
+        "the three DONE records did not ring the parked sender's doorbell"
+    );
+    // They are there all the same: the sender's next drain lets the payloads go.
+    let held = |t: &ShmTransport| !t.peer(1).unwrap().out.lock().unwrap().is_idle();
+    assert!(held(&t[0]));
+    t[0].drain(&mut out).unwrap();
+    assert!(!held(&t[0]), "every payload was released");
+}
+
+#[tokio::test]
 async fn a_full_ring_holds_senders_back_and_loses_nothing() {
     // 4 KiB rings: a few hundred frames fill it many times over before anyone reads.
     let t = job(3, settings(4096, true));
