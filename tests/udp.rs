@@ -134,6 +134,42 @@ async fn local_jobs_run_over_udp_when_asked() {
 /// The acceptance test: 4 ranks, 20 000+ messages of 0 B to 4 MiB, through 5% loss, 1%
 /// corruption, 2% duplication and reordering; every payload checked; the counters show the
 /// injected faults were seen and repaired.
+/// With nobody busy-polling, lost packets are sent again only by the progress task's timer.
+/// Between messages the ranks sit idle (no deadline: the timer waits far away), and each send
+/// brings the parked task's timer forward by resetting it, without waking the task; a lost
+/// packet must still be retransmitted when that timer fires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_parked_ranks_retransmit_lost_packets_on_their_timers() {
+    let spec = ChaosSpec::parse("seed=5,loss=0.3").unwrap();
+    let config = Config {
+        progress: rankweave::ProgressPolicy::Park,
+        ..Config::default()
+    };
+    let (comms, transports) = chaos_job(2, &[IpAddr::from([127, 0, 0, 1])], &spec, &config);
+    let (a, b) = (comms[0].clone(), comms[1].clone());
+    within(async move {
+        for i in 0..30u64 {
+            // Long enough for both progress tasks to park with nothing in flight.
+            tokio::time::sleep(Duration::from_millis(3)).await;
+            let (sent, got) =
+                tokio::join!(a.send(1, 7, Bytes::from(pattern(i, 100))), b.recv(0, 7));
+            sent.expect("send");
+            assert_pattern(got.expect("recv").data(), i, 100);
+        }
+    })
+    .await;
+    let lost: u64 = transports.iter().map(|t| t.carrier().stats().dropped).sum();
+    let resent: u64 = comms
+        .iter()
+        .map(|c| c.stats().transport.retransmissions)
+        .sum();
+    // (Lost ACKs are not resent: later packets carry the acknowledgement again.)
+    assert!(
+        lost > 0 && resent > 0,
+        "packets were lost ({lost}) and resent ({resent})"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_thousand_messages_survive_loss_corruption_duplication_and_reordering() {
     const N: u32 = 4;

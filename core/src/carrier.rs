@@ -49,6 +49,23 @@ pub trait Carrier: Send + Sync + 'static {
     /// Appends every datagram that has arrived to `out`; returns how many were added.
     fn recv(&self, out: &mut Vec<Datagram>) -> Result<usize, TransportError>;
 
+    /// Like [`recv`](Self::recv), but may stop once it has added `max` datagrams (at least 1);
+    /// returns how many it added and whether it stopped before finding every route empty
+    /// (`true`: more may be waiting).
+    ///
+    /// For carriers that need a system call to learn that a route is empty (UDP: a `recvfrom`
+    /// that would block), so that a busy poller that has just received its datagram does not
+    /// pay one more call, on the critical path of every message, to find nothing behind it.
+    /// The default reads everything and reports nothing left.
+    fn recv_up_to(
+        &self,
+        out: &mut Vec<Datagram>,
+        max: usize,
+    ) -> Result<(usize, bool), TransportError> {
+        let _ = max;
+        self.recv(out).map(|n| (n, false))
+    }
+
     /// Registers the task to be woken when a datagram may have arrived; `Ready` if one already
     /// has (a `Ready` may be spurious: `recv` then finds nothing).
     fn poll_recv_ready(&self, cx: &mut Context<'_>) -> Poll<()>;

@@ -280,13 +280,24 @@ impl Carrier for UdpCarrier {
     }
 
     fn recv(&self, out: &mut Vec<Datagram>) -> Result<usize, TransportError> {
+        self.recv_up_to(out, usize::MAX).map(|(n, _)| n)
+    }
+
+    fn recv_up_to(
+        &self,
+        out: &mut Vec<Datagram>,
+        max: usize,
+    ) -> Result<(usize, bool), TransportError> {
         if self.closed.load(Ordering::Relaxed) {
-            return Ok(0);
+            return Ok((0, false));
         }
         let before = out.len();
         let mut scratch = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
         for (route, socket) in self.sockets.iter().enumerate() {
             loop {
+                if out.len() - before >= max {
+                    return Ok((out.len() - before, true));
+                }
                 let cap = self.max_datagram + 1;
                 if scratch.capacity() < cap {
                     *scratch = self.buffers.take(cap).ok_or_else(|| TransportError::Io {
@@ -308,7 +319,7 @@ impl Carrier for UdpCarrier {
                 out.push(Datagram { route, from, bytes });
             }
         }
-        Ok(out.len() - before)
+        Ok((out.len() - before, false))
     }
 
     fn poll_recv_ready(&self, cx: &mut Context<'_>) -> Poll<()> {

@@ -82,6 +82,31 @@ async fn a_dropped_large_datagram_lends_its_buffer_to_the_next() {
 }
 
 #[tokio::test]
+async fn a_bounded_receive_stops_at_its_limit_and_says_more_may_wait() {
+    let (a, b) = pair();
+    for i in 0..3u8 {
+        a.send(0, 1, &[&[i]]).unwrap();
+    }
+    // Loopback delivers before `send` returns; wait for all three all the same.
+    let until = Instant::now() + Duration::from_secs(5);
+    let mut out = Vec::new();
+    let mut first = (0, false);
+    while first.0 == 0 && Instant::now() < until {
+        first = b.recv_up_to(&mut out, 1).unwrap();
+    }
+    assert_eq!(first, (1, true), "one datagram, and maybe more behind it");
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(
+        b.recv_up_to(&mut out, 64).unwrap(),
+        (2, false),
+        "the rest, then empty"
+    );
+    assert_eq!(b.recv_up_to(&mut out, 64).unwrap(), (0, false));
+    let got: Vec<u8> = out.iter().map(|d| d.bytes[0]).collect();
+    assert_eq!(got, [0, 1, 2], "in order");
+}
+
+#[tokio::test]
 async fn unknown_senders_are_not_attributed() {
     let (_a, b) = pair();
     let stranger = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
