@@ -137,10 +137,13 @@ struct State {
     /// pollers call `advance` millions of times a second.
     next_due: Option<Instant>,
     /// The carrier has datagrams behind those the last receive took (it stopped at its
-    /// limit): the next receive takes a batch. Otherwise it takes one, which is usually the
+    /// limit): the next receive takes them all. Otherwise it takes one, which is usually the
     /// awaited reply, and stops without asking the carrier whether more came (a `recvfrom`
     /// that would block, on the critical path of a ping-pong).
     carrier_backlog: bool,
+    /// Peers whose links received while the carrier had a backlog and have not been serviced
+    /// since (see [`Shared::advance`]).
+    unserviced: Vec<u32>,
     counters: Counters,
 }
 
@@ -261,7 +264,7 @@ impl<C: Carrier> Shared<C> {
     /// Receives, runs the links' timers, collects deliveries and sends what the links produced.
     fn advance(&self, st: &mut State, now: Instant) {
         let mut datagrams = std::mem::take(&mut st.datagrams);
-        let max = if st.carrier_backlog { RECV_BATCH } else { 1 };
+        let max = if st.carrier_backlog { usize::MAX } else { 1 };
         match self.carrier.recv_up_to(&mut datagrams, max) {
             Ok((_, more)) => st.carrier_backlog = more,
             Err(e) => {
@@ -269,6 +272,11 @@ impl<C: Carrier> Shared<C> {
                 tracing::debug!(rank = self.config.rank, error = %e, "carrier receive failed");
             }
         }
+        // Timers run only once everything that arrived has been read: ACKs still waiting in
+        // the socket would otherwise let a retransmission timer that ran out while this rank
+        // was busy sending fire needlessly (and the probe's ACK then make the rest of the
+        // window look lost: measured, hundreds of spurious retransmissions per lossless run).
+        let timers_due = !st.carrier_backlog;
         let mut touched: Vec<u32> = Vec::new();
         for d in datagrams.drain(..) {
             if let Some(peer) = self.accept(st, now, d) {
@@ -279,7 +287,7 @@ impl<C: Carrier> Shared<C> {
         if !self.config.reliability {
             return;
         }
-        if st.next_due.is_some_and(|d| d <= now) {
+        if timers_due && st.next_due.is_some_and(|d| d <= now) {
             st.next_due = None;
             for (peer, l) in st.links.iter_mut() {
                 match l.poll_timeout() {
@@ -292,11 +300,34 @@ impl<C: Carrier> Shared<C> {
                 }
             }
         }
+        if st.carrier_backlog {
+            // More is waiting: deliver what came, but send nothing yet. What the links would
+            // send now (retransmissions of packets an ACK made look lost, say) may be undone
+            // by the datagrams still in the socket; the next receive reads them and sends.
+            for peer in &touched {
+                self.deliver_only(st, *peer);
+            }
+            st.unserviced.extend(touched);
+            return;
+        }
+        touched.append(&mut st.unserviced);
         touched.sort_unstable();
         touched.dedup();
         for peer in touched {
             self.service(st, now, peer);
         }
+    }
+
+    /// Moves a link's deliveries to the ready queue (its events and packets wait for
+    /// [`service`](Self::service)).
+    fn deliver_only(&self, st: &mut State, peer: u32) {
+        let Some(mut link) = st.links.remove(&peer) else {
+            return;
+        };
+        while let Some(p) = link.poll_deliver() {
+            self.deliver(st, peer, p);
+        }
+        st.links.insert(peer, link);
     }
 
     /// Decodes one datagram and hands it on; returns the peer whose link must be serviced.
@@ -739,9 +770,6 @@ pub(crate) fn packet_sender(bytes: &[u8]) -> Option<(u64, u32)> {
 
 /// Where the progress task's timer waits while no link has a deadline.
 const IDLE_TIMER: Duration = Duration::from_secs(60);
-
-/// Datagrams one receive takes at most when the carrier had more than the last one took.
-const RECV_BATCH: usize = 64;
 
 /// How long a failed peer lookup is remembered before the directory is asked again.
 const LOOKUP_RETRY: Duration = Duration::from_millis(200);

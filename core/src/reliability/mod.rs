@@ -589,6 +589,7 @@ impl ReliableLink {
         let outcome = self.sent.on_ack_with(
             ack,
             now,
+            self.rtt.min(),
             |p| delays.get(p.route).copied().unwrap_or_default(),
             |event| match event {
                 QueueEvent::Acked(p) => paths.on_acked(p, now, rate_interval),

@@ -9,7 +9,11 @@
 //!   transmitted after it was acknowledged, a packet is lost when it has been out for the loss
 //!   delay (the link uses `max(9/8·SRTT, SRTT + 4·RTTVAR)`, not clamped to the minimum RTO). It
 //!   is then sent again at once. Being time-based, this tolerates reordering within a burst:
-//!   packets sent at the same time never prove each other lost. A loss timer
+//!   packets sent at the same time never prove each other lost. An ACK of a retransmitted
+//!   packet that comes sooner than the minimum round trip after its latest copy left answers
+//!   an earlier copy (RACK's rule): the delivery is then dated from the first transmission, so
+//!   the late ACK of an original does not make everything sent before a timeout probe look
+//!   lost. A loss timer
 //!   ([`next_loss_time`](RetransmitQueue::next_loss_time)) fires when a packet reaches the delay
 //!   without a further ACK.
 //! * **Timeout**: only the oldest unacknowledged packet runs a timer, of `RTO × 2^retries` with
@@ -168,40 +172,52 @@ impl RetransmitQueue {
     /// Removes what `ack` acknowledges, then marks packets the ACK proves lost as due (loss
     /// delay `loss_delay`). Any ACK resets the retry counts: the peer is alive.
     pub fn on_ack(&mut self, ack: &AckInfo, now: Instant, loss_delay: Duration) -> AckOutcome {
-        self.on_ack_with(ack, now, |_| loss_delay, |_| {})
+        self.on_ack_with(ack, now, None, |_| loss_delay, |_| {})
     }
 
     /// [`on_ack`](Self::on_ack) with a loss delay per packet (`loss_delay(p)`: the link uses the
     /// round trip of the packet's route), reporting each packet removed and each marked lost to
     /// `on_event`.
+    ///
+    /// `min_rtt`, the shortest round trip seen, tells which copy of a retransmitted packet an
+    /// ACK is for (RACK, RFC 8985 §6.2): one that comes sooner than that after the latest copy
+    /// left answers an earlier copy. Loss detection then dates the delivery from the first
+    /// transmission, not the latest. Dating it from the latest would, after a spurious
+    /// timeout (the original's ACK was only late), make every packet sent before the probe
+    /// look lost and send the whole window again.
     pub fn on_ack_with(
         &mut self,
         ack: &AckInfo,
         now: Instant,
+        min_rtt: Option<Duration>,
         loss_delay: impl Fn(&SentPacket) -> Duration,
         mut on_event: impl FnMut(QueueEvent<'_>),
     ) -> AckOutcome {
         let mut out = AckOutcome::default();
-        // (order, last_sent) of the latest-sent newly acknowledged packet, and of the latest-sent
-        // one that was never retransmitted (Karn: only those give RTT samples).
-        let mut latest: Option<(u64, Instant)> = None;
+        // When the latest delivered copy of a newly acknowledged packet left, and (order,
+        // last_sent) of the latest-sent one that was never retransmitted (Karn: only those give
+        // RTT samples).
+        let mut latest: Option<Instant> = None;
         let mut latest_clean: Option<(u64, Instant)> = None;
         let mut take = |this: &mut Self, seq: u64| {
             if let Some(p) = this.packets.remove(&seq) {
                 this.due.remove(&seq);
                 on_event(QueueEvent::Acked(&p));
                 out.newly_acked += 1;
+                let mut delivered = p.last_sent;
                 if p.retransmitted {
                     let after = now.saturating_duration_since(p.last_sent);
                     out.retransmission_acked_after = Some(
                         out.retransmission_acked_after
                             .map_or(after, |a| a.min(after)),
                     );
+                    if min_rtt.is_some_and(|m| after < m) {
+                        delivered = p.first_sent;
+                    }
                 }
-                let sent = Some((p.order, p.last_sent));
-                latest = latest.max(sent);
+                latest = latest.max(Some(delivered));
                 if !p.retransmitted {
-                    latest_clean = latest_clean.max(sent);
+                    latest_clean = latest_clean.max(Some((p.order, p.last_sent)));
                 }
             }
         };
@@ -217,7 +233,7 @@ impl RetransmitQueue {
         if let Some((_, sent)) = latest_clean {
             out.rtt_sample = Some(now.saturating_duration_since(sent));
         }
-        if let Some((_, sent)) = latest {
+        if let Some(sent) = latest {
             self.largest_acked_sent = Some(self.largest_acked_sent.map_or(sent, |t| t.max(sent)));
             self.last_progress = Some(now);
         }
@@ -512,6 +528,57 @@ mod tests {
     }
 
     #[test]
+    fn the_late_ack_of_an_original_after_a_timeout_probe_proves_nothing_lost() {
+        let t0 = Instant::now();
+        let min_rtt = Some(MS);
+        let mut q = RetransmitQueue::new();
+        for s in 1..=10 {
+            q.on_sent(s, Bytes::new(), t0 + (s as u32) * MS / 10, 0);
+        }
+        // Nothing acknowledged for an RTO: packet 1 is sent again as a probe.
+        let rto = 5 * MS;
+        assert_eq!(q.on_timeout(t0 + rto + MS, rto, 8), Some(1));
+        assert!(q.pop_due(t0 + rto + MS, |_| 0).is_some());
+        // The original's ACK was only late: it comes 0.1 ms after the probe left, sooner than
+        // any round trip, so it answers the original. Packets 2..=10 went after the original:
+        // nothing proves them lost.
+        let at = t0 + rto + MS + MS / 10;
+        q.on_ack_with(&ack(1, &[]), at, min_rtt, |_| Duration::ZERO, |_| {});
+        assert!(
+            !q.has_due(),
+            "no packet sent before the probe was taken for lost"
+        );
+        // Without knowing the minimum round trip the probe would date the delivery, and the
+        // rest of the window would be sent again (what the link did before).
+        let mut q2 = RetransmitQueue::new();
+        for s in 1..=10 {
+            q2.on_sent(s, Bytes::new(), t0 + (s as u32) * MS / 10, 0);
+        }
+        q2.on_timeout(t0 + rto + MS, rto, 8);
+        q2.pop_due(t0 + rto + MS, |_| 0);
+        q2.on_ack_with(&ack(1, &[]), at, None, |_| Duration::ZERO, |_| {});
+        assert!(q2.has_due());
+        // An ACK that comes a round trip after the probe is the probe's: real evidence.
+        let mut q3 = RetransmitQueue::new();
+        for s in 1..=10 {
+            q3.on_sent(s, Bytes::new(), t0 + (s as u32) * MS / 10, 0);
+        }
+        q3.on_timeout(t0 + rto + MS, rto, 8);
+        q3.pop_due(t0 + rto + MS, |_| 0);
+        q3.on_ack_with(
+            &ack(1, &[]),
+            at + 2 * MS,
+            min_rtt,
+            |_| Duration::ZERO,
+            |_| {},
+        );
+        assert!(
+            q3.has_due(),
+            "packets sent before a delivered probe and still out are lost"
+        );
+    }
+
+    #[test]
     fn routes_events_rebinding_and_timer_restart() {
         let t0 = Instant::now();
         let mut q = RetransmitQueue::new();
@@ -542,6 +609,7 @@ mod tests {
         let out = q.on_ack_with(
             &ack(0, &[2]),
             t0 + 2 * MS,
+            None,
             |_| Duration::ZERO,
             |e| match e {
                 QueueEvent::Acked(p) => events.push(("acked", p.route, p.payload.len())),
@@ -562,6 +630,7 @@ mod tests {
             q.on_ack_with(
                 &ack(0, &[2, 5]),
                 at,
+                None,
                 |p| {
                     if p.route == 0 {
                         Duration::ZERO
