@@ -158,6 +158,11 @@ pub struct Config {
     /// (no packet, not even a keepalive answer) before it is declared failed and operations
     /// that involve it end with [`Error::PeerFailed`](crate::Error::PeerFailed). Default 5 s.
     pub peer_timeout: Duration,
+    /// `RANKWEAVE_LINK_WINDOW` (packets, 1 to 65536): how many packets the reliability layer
+    /// of a UDP (or in-process reliable) link keeps unacknowledged per peer. `None`: the
+    /// transport's default, 64 — four megabytes of 64 KiB datagrams, far beyond a local
+    /// network's bandwidth-delay product; raise it for long, fast paths.
+    pub link_window: Option<u32>,
     /// `RANKWEAVE_RENDEZVOUS` (`host:port`): where a multi-process job's key-value rendezvous
     /// service is (set by `rwrun`; for Open MPI, Slurm or torchrun-style launches, rank 0
     /// serves it there when no one else does). `None`: derived from the launcher's environment.
@@ -185,6 +190,7 @@ impl Default for Config {
             reliability: None,
             routes: Vec::new(),
             peer_timeout: Duration::from_secs(5),
+            link_window: None,
             rendezvous: None,
             collectives: crate::tuning::CollectiveTuning::default(),
             multicast: crate::multicast::MulticastConfig::default(),
@@ -284,6 +290,19 @@ impl Config {
         }
         if let Some(v) = get("RANKWEAVE_ROUTES") {
             self.routes = parse_routes(&v)?;
+        }
+        if let Some(v) = get("RANKWEAVE_LINK_WINDOW") {
+            self.link_window = Some(
+                v.trim()
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|n| (1..=65_536).contains(n))
+                    .ok_or_else(|| ConfigError {
+                        variable: "RANKWEAVE_LINK_WINDOW".into(),
+                        value: v.clone(),
+                        expected: "a number of packets from 1 to 65536, such as 64".into(),
+                    })?,
+            );
         }
         if let Some(v) = get("RANKWEAVE_PEER_TIMEOUT") {
             self.peer_timeout = v
@@ -660,6 +679,17 @@ mod tests {
                 .with_env(env(&[("RANKWEAVE_PEER_TIMEOUT", bad)]))
                 .unwrap_err();
             assert_eq!(e.variable, "RANKWEAVE_PEER_TIMEOUT");
+        }
+        assert_eq!(Config::default().link_window, None);
+        let c = Config::default()
+            .with_env(env(&[("RANKWEAVE_LINK_WINDOW", "256")]))
+            .unwrap();
+        assert_eq!(c.link_window, Some(256));
+        for bad in ["0", "65537", "many", "-4"] {
+            let e = Config::default()
+                .with_env(env(&[("RANKWEAVE_LINK_WINDOW", bad)]))
+                .unwrap_err();
+            assert_eq!(e.variable, "RANKWEAVE_LINK_WINDOW", "{bad}");
         }
         for bad in ["node1", ":29500", "node1:port", "node1:70000"] {
             let e = Config::default()

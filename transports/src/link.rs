@@ -92,6 +92,15 @@ impl LinkTransportConfig {
         self.link = self.link.with_peer_timeout(timeout);
         self
     }
+
+    /// These settings with at most `window` packets unacknowledged per peer, if given
+    /// (`Config::link_window`); else the transport's default.
+    pub fn with_window(mut self, window: Option<u32>) -> Self {
+        if let Some(w) = window {
+            self.link.window = w;
+        }
+        self
+    }
 }
 
 /// A transport made of a carrier and, optionally, the reliability layer (see the
@@ -827,6 +836,14 @@ mod tests {
         fn wake(self: Arc<Self>) {
             self.0.fetch_add(1, Ordering::SeqCst);
         }
+    }
+
+    #[test]
+    fn the_window_is_the_transports_unless_configured() {
+        let c = LinkTransportConfig::new(0, 2, 1);
+        assert_eq!(c.link.window, WINDOW);
+        assert_eq!(c.clone().with_window(None).link.window, WINDOW);
+        assert_eq!(c.with_window(Some(300)).link.window, 300);
     }
 
     #[tokio::test]

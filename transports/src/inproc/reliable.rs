@@ -37,7 +37,8 @@ pub fn reliable_world(n: usize, config: &Config) -> Result<Vec<Communicator>, Er
                 .carrier(rank)
                 .ok_or(Error::InvalidRank { rank, size: n })?;
             let mut lc = LinkTransportConfig::new(rank as u32, size, job_key)
-                .with_peer_timeout(config.peer_timeout);
+                .with_peer_timeout(config.peer_timeout)
+                .with_window(config.link_window);
             lc.reliability = config.reliability != Some(false);
             let transport: Arc<dyn Transport> = match &config.chaos {
                 Some(spec) => {

@@ -416,7 +416,7 @@ pub fn settings_for(config: &Config) -> Result<UdpSettings, TransportError> {
 }
 
 /// One rank's transport over `carrier` in a `size`-rank job with key `job_key`: the link layer
-/// with reliability per [`Config::reliability_for`], the peer timeout of `config`, and the
+/// with reliability per [`Config::reliability_for`], the peer timeout and window of `config`, and the
 /// chaos layer in between when `config.chaos` asks for it.
 pub fn rank_transport(
     carrier: UdpCarrier,
@@ -425,7 +425,8 @@ pub fn rank_transport(
     config: &Config,
 ) -> Arc<dyn Transport> {
     let mut lc = LinkTransportConfig::new(carrier.rank(), size, job_key)
-        .with_peer_timeout(config.peer_timeout);
+        .with_peer_timeout(config.peer_timeout)
+        .with_window(config.link_window);
     lc.reliability = config.reliability_for(TransportKind::Udp);
     match &config.chaos {
         Some(spec) => Arc::new(LinkTransport::new(
