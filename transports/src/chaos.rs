@@ -471,11 +471,10 @@ fn later(at: Instant, d: Duration) -> Instant {
 mod tests {
     use std::collections::BTreeSet;
     use std::sync::Arc;
-    use std::sync::atomic::AtomicUsize;
-    use std::task::{Wake, Waker};
 
     use super::*;
     use crate::inproc::{InprocCarrier, InprocCarrierFabric};
+    use crate::test_waker::CountingWaker;
 
     const MAX: usize = 1024;
 
@@ -542,16 +541,6 @@ mod tests {
 
     fn ids(ds: &[Datagram]) -> Vec<u64> {
         ds.iter().map(id).collect()
-    }
-
-    /// A waker that counts its wake-ups.
-    #[derive(Default)]
-    struct CountingWaker(AtomicUsize);
-
-    impl Wake for CountingWaker {
-        fn wake(self: Arc<Self>) {
-            self.0.fetch_add(1, Ordering::SeqCst);
-        }
     }
 
     #[test]
@@ -949,22 +938,21 @@ mod tests {
         let (tx, rx) = pair("delay=1ms");
         tx.send(0, 1, &[&header(7)]).unwrap();
         assert!(received(&rx).is_empty());
-        let counter = Arc::new(CountingWaker::default());
-        let waker = Waker::from(Arc::clone(&counter));
+        let (counter, waker) = CountingWaker::new();
         let mut cx = Context::from_waker(&waker);
         // Held: the poll wakes its own task so it comes back.
         assert_eq!(tx.poll_recv_ready(&mut cx), Poll::Pending);
-        assert!(counter.0.load(Ordering::SeqCst) >= 1);
+        assert!(counter.count() >= 1);
         std::thread::sleep(Duration::from_millis(2));
         let _ = tx.poll_recv_ready(&mut cx);
         assert_eq!(ids(&received(&rx)), vec![7]);
         assert_eq!(tx.held(), 0);
         // Nothing held: a poll parks without waking itself, and a datagram to rank 0 wakes it.
-        let before = counter.0.load(Ordering::SeqCst);
+        let before = counter.count();
         assert_eq!(tx.poll_recv_ready(&mut cx), Poll::Pending);
-        assert_eq!(counter.0.load(Ordering::SeqCst), before);
+        assert_eq!(counter.count(), before);
         rx.send(0, 0, &[b"x"]).unwrap();
-        assert_eq!(counter.0.load(Ordering::SeqCst), before + 1);
+        assert_eq!(counter.count(), before + 1);
         assert_eq!(tx.poll_recv_ready(&mut cx), Poll::Ready(()));
         let mut out = Vec::new();
         assert_eq!(tx.recv(&mut out).unwrap(), 1);

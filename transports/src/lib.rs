@@ -29,5 +29,7 @@ pub mod split;
 mod sync;
 #[cfg(test)]
 mod test_frames;
+#[cfg(test)]
+mod test_waker;
 pub mod udp;
 pub mod verbs;

@@ -821,22 +821,10 @@ impl FailedLookups {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::AtomicUsize;
-    use std::task::{Wake, Waker};
-
     use super::*;
     use crate::inproc::InprocCarrierFabric;
     use crate::test_frames::eager_frame;
-
-    /// Counts its wake-ups.
-    #[derive(Default)]
-    struct Count(AtomicUsize);
-
-    impl Wake for Count {
-        fn wake(self: Arc<Self>) {
-            self.0.fetch_add(1, Ordering::SeqCst);
-        }
-    }
+    use crate::test_waker::CountingWaker;
 
     #[test]
     fn the_window_is_the_transports_unless_configured() {
@@ -855,25 +843,21 @@ mod tests {
         );
         // Rank 1 never reads: nothing is acknowledged, so the packet stays in flight.
         let _peer = fabric.carrier(1).unwrap();
-        let count = Arc::new(Count::default());
-        let waker = Waker::from(Arc::clone(&count));
+        let (count, waker) = CountingWaker::new();
         let mut cx = Context::from_waker(&waker);
         assert!(t.poll_arrival(&mut cx).is_pending(), "idle: parks");
         t.send(1, eager_frame(1, 1, 0, vec![1u8; 10])).unwrap();
         assert_eq!(
-            count.0.load(Ordering::SeqCst),
+            count.count(),
             0,
             "the send armed the parked task's timer without waking it"
         );
         // The retransmission timer (initial RTO 10 ms) wakes it.
         let until = Instant::now() + Duration::from_secs(5);
-        while count.0.load(Ordering::SeqCst) == 0 && Instant::now() < until {
+        while count.count() == 0 && Instant::now() < until {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        assert!(
-            count.0.load(Ordering::SeqCst) > 0,
-            "the timer woke the task"
-        );
+        assert!(count.count() > 0, "the timer woke the task");
         assert!(t.poll_arrival(&mut cx).is_ready());
     }
 }

@@ -259,32 +259,10 @@ fn lock<U>(mutex: &Mutex<U>) -> MutexGuard<'_, U> {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::AtomicUsize;
-    use std::task::Wake;
-
     use bytes::Bytes;
 
     use super::*;
-
-    /// A waker that counts its wake-ups.
-    #[derive(Default)]
-    struct CountingWaker(AtomicUsize);
-
-    impl Wake for CountingWaker {
-        fn wake(self: Arc<Self>) {
-            self.0.fetch_add(1, Ordering::SeqCst);
-        }
-
-        fn wake_by_ref(self: &Arc<Self>) {
-            self.0.fetch_add(1, Ordering::SeqCst);
-        }
-    }
-
-    impl CountingWaker {
-        fn count(&self) -> usize {
-            self.0.load(Ordering::SeqCst)
-        }
-    }
+    use crate::test_waker::CountingWaker;
 
     fn recv_all(c: &InprocCarrier) -> Vec<Datagram> {
         let mut out = Vec::new();
@@ -380,8 +358,7 @@ mod tests {
     fn a_send_wakes_the_waker_registered_by_poll_recv_ready() {
         let fabric = InprocCarrierFabric::new(2, 1, 64);
         let (a, b) = (fabric.carrier(0).unwrap(), fabric.carrier(1).unwrap());
-        let counter = Arc::new(CountingWaker::default());
-        let waker = Waker::from(Arc::clone(&counter));
+        let (counter, waker) = CountingWaker::new();
         let mut cx = Context::from_waker(&waker);
         assert_eq!(b.poll_recv_ready(&mut cx), Poll::Pending);
         assert_eq!(counter.count(), 0);
@@ -397,8 +374,7 @@ mod tests {
         b.send(0, 0, &[b"pong"]).unwrap();
         assert_eq!(counter.count(), 1);
         // A registered-but-not-yet-woken waker is replaced by a new one.
-        let other = Arc::new(CountingWaker::default());
-        let other_waker = Waker::from(Arc::clone(&other));
+        let (other, other_waker) = CountingWaker::new();
         assert_eq!(
             b.poll_recv_ready(&mut Context::from_waker(&other_waker)),
             Poll::Pending
@@ -440,8 +416,7 @@ mod tests {
         let fabric = InprocCarrierFabric::new(2, 1, 64);
         let (a, b) = (fabric.carrier(0).unwrap(), fabric.carrier(1).unwrap());
         a.send(0, 1, &[b"queued before close"]).unwrap();
-        let counter = Arc::new(CountingWaker::default());
-        let waker = Waker::from(Arc::clone(&counter));
+        let (counter, waker) = CountingWaker::new();
         let mut cx = Context::from_waker(&waker);
         assert_eq!(a.poll_recv_ready(&mut cx), Poll::Pending);
         b.send(0, 0, &[b"to a"]).unwrap();
@@ -463,8 +438,7 @@ mod tests {
         // The open rank still receives what was sent before the close.
         assert_eq!(recv_all(&a).len(), 1);
         // Closing wakes a parked receiver.
-        let counter = Arc::new(CountingWaker::default());
-        let waker = Waker::from(Arc::clone(&counter));
+        let (counter, waker) = CountingWaker::new();
         assert_eq!(
             a.poll_recv_ready(&mut Context::from_waker(&waker)),
             Poll::Pending
