@@ -284,11 +284,6 @@ impl<C: Carrier> Shared<C> {
                 tracing::debug!(rank = self.config.rank, error = %e, "carrier receive failed");
             }
         }
-        // Timers run only once everything that arrived has been read: ACKs still waiting in
-        // the socket would otherwise let a retransmission timer that ran out while this rank
-        // was busy sending fire needlessly (and the probe's ACK then make the rest of the
-        // window look lost: measured, hundreds of spurious retransmissions per lossless run).
-        let timers_due = !st.carrier_backlog;
         let mut touched: Vec<u32> = Vec::new();
         for d in datagrams.drain(..) {
             if let Some(peer) = self.accept(st, now, d) {
@@ -299,7 +294,22 @@ impl<C: Carrier> Shared<C> {
         if !self.config.reliability {
             return;
         }
-        if timers_due && st.next_due.is_some_and(|d| d <= now) {
+        if st.carrier_backlog {
+            // More is waiting: deliver what came, but neither send nor run timers yet. An ACK
+            // still in the socket may undo what the links would do now — a retransmission of
+            // a packet an earlier ACK made look lost, a timer that ran out while this rank was
+            // busy sending (measured: hundreds of spurious retransmissions per lossless run
+            // when each datagram was acted on alone). The next receive reads the rest.
+            for &peer in &touched {
+                if let Some(mut link) = st.links.remove(&peer) {
+                    self.take_deliveries(st, peer, &mut link);
+                    st.links.insert(peer, link);
+                }
+            }
+            st.unserviced.extend(touched);
+            return;
+        }
+        if st.next_due.is_some_and(|d| d <= now) {
             st.next_due = None;
             for (peer, l) in st.links.iter_mut() {
                 match l.poll_timeout() {
@@ -312,16 +322,6 @@ impl<C: Carrier> Shared<C> {
                 }
             }
         }
-        if st.carrier_backlog {
-            // More is waiting: deliver what came, but send nothing yet. What the links would
-            // send now (retransmissions of packets an ACK made look lost, say) may be undone
-            // by the datagrams still in the socket; the next receive reads them and sends.
-            for peer in &touched {
-                self.deliver_only(st, *peer);
-            }
-            st.unserviced.extend(touched);
-            return;
-        }
         touched.append(&mut st.unserviced);
         touched.sort_unstable();
         touched.dedup();
@@ -330,16 +330,11 @@ impl<C: Carrier> Shared<C> {
         }
     }
 
-    /// Moves a link's deliveries to the ready queue (its events and packets wait for
-    /// [`service`](Self::service)).
-    fn deliver_only(&self, st: &mut State, peer: u32) {
-        let Some(mut link) = st.links.remove(&peer) else {
-            return;
-        };
+    /// Moves what `link` (taken out of `st.links`) delivered to the ready queue.
+    fn take_deliveries(&self, st: &mut State, peer: u32, link: &mut ReliableLink) {
         while let Some(p) = link.poll_deliver() {
             self.deliver(st, peer, p);
         }
-        st.links.insert(peer, link);
     }
 
     /// Decodes one datagram and hands it on; returns the peer whose link must be serviced.
@@ -417,9 +412,7 @@ impl<C: Carrier> Shared<C> {
         let Some(mut link) = st.links.remove(&peer) else {
             return;
         };
-        while let Some(p) = link.poll_deliver() {
-            self.deliver(st, peer, p);
-        }
+        self.take_deliveries(st, peer, &mut link);
         while let Some(ev) = link.poll_event() {
             match ev {
                 LinkEvent::PeerDead { rank } => {

@@ -531,18 +531,23 @@ mod tests {
     fn the_late_ack_of_an_original_after_a_timeout_probe_proves_nothing_lost() {
         let t0 = Instant::now();
         let min_rtt = Some(MS);
-        let mut q = RetransmitQueue::new();
-        for s in 1..=10 {
-            q.on_sent(s, Bytes::new(), t0 + (s as u32) * MS / 10, 0);
-        }
-        // Nothing acknowledged for an RTO: packet 1 is sent again as a probe.
         let rto = 5 * MS;
-        assert_eq!(q.on_timeout(t0 + rto + MS, rto, 8), Some(1));
-        assert!(q.pop_due(t0 + rto + MS, |_| 0).is_some());
+        // Packets 1..=10 out; nothing acknowledged for an RTO: packet 1 is sent again as a
+        // probe at `t0 + rto + MS`.
+        let probed = || {
+            let mut q = RetransmitQueue::new();
+            for s in 1..=10 {
+                q.on_sent(s, Bytes::new(), t0 + (s as u32) * MS / 10, 0);
+            }
+            assert_eq!(q.on_timeout(t0 + rto + MS, rto, 8), Some(1));
+            assert!(q.pop_due(t0 + rto + MS, |_| 0).is_some());
+            q
+        };
         // The original's ACK was only late: it comes 0.1 ms after the probe left, sooner than
         // any round trip, so it answers the original. Packets 2..=10 went after the original:
         // nothing proves them lost.
         let at = t0 + rto + MS + MS / 10;
+        let mut q = probed();
         q.on_ack_with(&ack(1, &[]), at, min_rtt, |_| Duration::ZERO, |_| {});
         assert!(
             !q.has_due(),
@@ -550,22 +555,12 @@ mod tests {
         );
         // Without knowing the minimum round trip the probe would date the delivery, and the
         // rest of the window would be sent again (what the link did before).
-        let mut q2 = RetransmitQueue::new();
-        for s in 1..=10 {
-            q2.on_sent(s, Bytes::new(), t0 + (s as u32) * MS / 10, 0);
-        }
-        q2.on_timeout(t0 + rto + MS, rto, 8);
-        q2.pop_due(t0 + rto + MS, |_| 0);
-        q2.on_ack_with(&ack(1, &[]), at, None, |_| Duration::ZERO, |_| {});
-        assert!(q2.has_due());
+        let mut q = probed();
+        q.on_ack_with(&ack(1, &[]), at, None, |_| Duration::ZERO, |_| {});
+        assert!(q.has_due());
         // An ACK that comes a round trip after the probe is the probe's: real evidence.
-        let mut q3 = RetransmitQueue::new();
-        for s in 1..=10 {
-            q3.on_sent(s, Bytes::new(), t0 + (s as u32) * MS / 10, 0);
-        }
-        q3.on_timeout(t0 + rto + MS, rto, 8);
-        q3.pop_due(t0 + rto + MS, |_| 0);
-        q3.on_ack_with(
+        let mut q = probed();
+        q.on_ack_with(
             &ack(1, &[]),
             at + 2 * MS,
             min_rtt,
@@ -573,7 +568,7 @@ mod tests {
             |_| {},
         );
         assert!(
-            q3.has_due(),
+            q.has_due(),
             "packets sent before a delivered probe and still out are lost"
         );
     }
