@@ -46,6 +46,34 @@ pub trait Carrier: Send + Sync + 'static {
     /// [`TransportError::Io`] when the route refused it (callers treat that like a loss).
     fn send(&self, route: usize, to: u32, parts: &[&[u8]]) -> Result<(), TransportError>;
 
+    /// Sends one datagram, `parts` followed by `held`, like [`send`](Self::send), where the
+    /// caller keeps `held` allocated and unchanged until the peer has received the datagram
+    /// (the reliability layer holds a DATA payload until it is acknowledged).
+    ///
+    /// A carrier may then pass `held` to the kernel by reference instead of copying it (UDP:
+    /// `vmsplice` and `splice`), which makes the copy into the kernel, the sender's largest
+    /// cost for large messages, go away. Should the bytes change anyway, they arrive changed,
+    /// and the payload CRC rejects them. The default sends the parts and `held` gathered.
+    fn send_held(
+        &self,
+        route: usize,
+        to: u32,
+        parts: &[&[u8]],
+        held: &[u8],
+    ) -> Result<(), TransportError> {
+        match *parts {
+            [] => self.send(route, to, &[held]),
+            [a] => self.send(route, to, &[a, held]),
+            [a, b] => self.send(route, to, &[a, b, held]),
+            [a, b, c] => self.send(route, to, &[a, b, c, held]),
+            _ => {
+                let mut all = parts.to_vec();
+                all.push(held);
+                self.send(route, to, &all)
+            }
+        }
+    }
+
     /// Appends every datagram that has arrived to `out`; returns how many were added.
     fn recv(&self, out: &mut Vec<Datagram>) -> Result<usize, TransportError>;
 

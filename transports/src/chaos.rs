@@ -266,6 +266,7 @@ impl<C: Carrier> ChaosCarrier<C> {
         route: usize,
         to: u32,
         parts: &[&[u8]],
+        held: Option<&[u8]>,
         now: Instant,
     ) -> Result<(), TransportError> {
         if self.closed.load(Ordering::Acquire) {
@@ -274,7 +275,10 @@ impl<C: Carrier> ChaosCarrier<C> {
         if route >= self.inner.routes() {
             return Err(TransportError::PeerUnreachable(to as usize));
         }
-        let len = parts.iter().fold(0usize, |n, p| n.saturating_add(p.len()));
+        let len = parts
+            .iter()
+            .chain(&held)
+            .fold(0usize, |n, p| n.saturating_add(p.len()));
         let max = self.inner.max_datagram();
         if len > max {
             return Err(TransportError::Io {
@@ -315,9 +319,13 @@ impl<C: Carrier> ChaosCarrier<C> {
         }
         if !corrupt && !delay && !reorder && st.held.is_empty() {
             // Nothing to change, hold or keep order with: straight through, without a copy.
-            let result = self.inner.send(route, to, parts);
+            let send = || match held {
+                Some(held) => self.inner.send_held(route, to, parts, held),
+                None => self.inner.send(route, to, parts),
+            };
+            let result = send();
             if duplicate {
-                if let Err(e) = self.inner.send(route, to, parts) {
+                if let Err(e) = send() {
                     st.stats.release_errors += 1;
                     tracing::debug!(route, to, error = %e, "chaos: duplicate refused");
                 }
@@ -325,7 +333,7 @@ impl<C: Carrier> ChaosCarrier<C> {
             return result;
         }
         let mut copy = BytesMut::with_capacity(len);
-        for part in parts {
+        for part in parts.iter().chain(&held) {
             copy.extend_from_slice(part);
         }
         if corrupt {
@@ -426,7 +434,17 @@ impl<C: Carrier> Carrier for ChaosCarrier<C> {
     }
 
     fn send(&self, route: usize, to: u32, parts: &[&[u8]]) -> Result<(), TransportError> {
-        self.send_at(route, to, parts, Instant::now())
+        self.send_at(route, to, parts, None, Instant::now())
+    }
+
+    fn send_held(
+        &self,
+        route: usize,
+        to: u32,
+        parts: &[&[u8]],
+        held: &[u8],
+    ) -> Result<(), TransportError> {
+        self.send_at(route, to, parts, Some(held), Instant::now())
     }
 
     fn recv(&self, out: &mut Vec<Datagram>) -> Result<usize, TransportError> {
@@ -506,7 +524,7 @@ mod tests {
     }
 
     fn send_i(tx: &ChaosCarrier<InprocCarrier>, route: usize, to: u32, i: u64, at: Instant) {
-        tx.send_at(route, to, &[&header(i), &payload(i)], at)
+        tx.send_at(route, to, &[&header(i), &payload(i)], None, at)
             .unwrap();
     }
 
@@ -995,10 +1013,10 @@ mod tests {
         let big = vec![0u8; MAX + 1];
         for i in 0..200 {
             assert_eq!(
-                tx.send_at(2, 1, &[b"x"], tx.start),
+                tx.send_at(2, 1, &[b"x"], None, tx.start),
                 Err(TransportError::PeerUnreachable(1))
             );
-            match tx.send_at(0, 1, &[&big[..MAX], b"y"], tx.start) {
+            match tx.send_at(0, 1, &[&big[..MAX], b"y"], None, tx.start) {
                 Err(TransportError::Io { op, message }) => {
                     assert_eq!(op, "chaos carrier send");
                     assert!(message.contains("1025-byte"), "{message}");
@@ -1025,7 +1043,7 @@ mod tests {
         );
         assert_eq!(tx.stats().release_errors, 0);
         let (tx, _rx) = pair("seed=1,delay=1ms,dup=1");
-        tx.send_at(0, 9, &[b"x"], tx.start).unwrap();
+        tx.send_at(0, 9, &[b"x"], None, tx.start).unwrap();
         assert_eq!(tx.held(), 2);
         tx.flush();
         assert_eq!(tx.stats().release_errors, 2);

@@ -437,15 +437,24 @@ impl<C: Carrier> Shared<C> {
         }
         while let Some(t) = link.poll_transmit(now) {
             t.packet.write_header(&mut st.header);
-            let [head, body] = t
-                .packet
-                .payload()
-                .map_or([&[][..]; 2], PacketPayload::parts);
-            if self
-                .carrier
-                .send(t.route, peer, &[&st.header, head, body])
-                .is_err()
-            {
+            let sent = match &t.packet.body {
+                // The retransmit queue holds a DATA payload until it is acknowledged, so the
+                // carrier may send it by reference.
+                PacketBody::Data { payload, .. } => self.carrier.send_held(
+                    t.route,
+                    peer,
+                    &[&st.header, &payload.head],
+                    &payload.body,
+                ),
+                _ => {
+                    let [head, body] = t
+                        .packet
+                        .payload()
+                        .map_or([&[][..]; 2], PacketPayload::parts);
+                    self.carrier.send(t.route, peer, &[&st.header, head, body])
+                }
+            };
+            if sent.is_err() {
                 st.counters.send_errors += 1;
             }
         }

@@ -8,6 +8,9 @@
 //! * Sockets are non-blocking, with large kernel buffers ([`UdpSettings::socket_buffer`]; as root
 //!   the system limits are bypassed with `SO_RCVBUFFORCE`/`SO_SNDBUFFORCE`).
 //! * A datagram is sent with one `sendmsg` from its parts (header and payload are never joined).
+//!   A large payload the reliability layer holds until it is acknowledged
+//!   ([`Carrier::send_held`]) is not even copied into the kernel: it is spliced by reference
+//!   (`splice` module).
 //! * Receiving drains each socket until it would block. Datagrams up to
 //!   [`COPY_THRESHOLD`] bytes are copied out of a reused buffer; longer ones keep the buffer they
 //!   were received into, so large payloads are never copied in user space. Those buffers come
@@ -24,6 +27,7 @@
 
 pub mod interfaces;
 pub(crate) mod socket;
+pub(crate) mod splice;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -246,20 +250,17 @@ impl UdpCarrier {
     }
 }
 
-impl Carrier for UdpCarrier {
-    fn routes(&self) -> usize {
-        self.sockets.len()
-    }
-
-    fn max_datagram(&self) -> usize {
-        self.max_datagram
-    }
-
-    fn send(&self, route: usize, to: u32, parts: &[&[u8]]) -> Result<(), TransportError> {
+impl UdpCarrier {
+    /// The socket and peer address a `len`-byte datagram to `to` over `route` goes by.
+    fn destination(
+        &self,
+        route: usize,
+        to: u32,
+        len: usize,
+    ) -> Result<(&RouteSocket, SocketAddr), TransportError> {
         if self.closed.load(Ordering::Relaxed) {
             return Err(TransportError::Closed);
         }
-        let len: usize = parts.iter().map(|p| p.len()).sum();
         if len > self.max_datagram {
             return Err(TransportError::Io {
                 op: "UDP send",
@@ -276,7 +277,35 @@ impl Carrier for UdpCarrier {
                 .ok_or(TransportError::PeerUnreachable(to as usize))?,
             None => return Err(TransportError::PeerUnreachable(to as usize)),
         };
+        Ok((socket, addr))
+    }
+}
+
+impl Carrier for UdpCarrier {
+    fn routes(&self) -> usize {
+        self.sockets.len()
+    }
+
+    fn max_datagram(&self) -> usize {
+        self.max_datagram
+    }
+
+    fn send(&self, route: usize, to: u32, parts: &[&[u8]]) -> Result<(), TransportError> {
+        let len = parts.iter().map(|p| p.len()).sum();
+        let (socket, addr) = self.destination(route, to, len)?;
         socket.send_to(parts, addr)
+    }
+
+    fn send_held(
+        &self,
+        route: usize,
+        to: u32,
+        parts: &[&[u8]],
+        held: &[u8],
+    ) -> Result<(), TransportError> {
+        let len = parts.iter().map(|p| p.len()).sum::<usize>() + held.len();
+        let (socket, addr) = self.destination(route, to, len)?;
+        socket.send_to_held(parts, held, addr)
     }
 
     fn recv(&self, out: &mut Vec<Datagram>) -> Result<usize, TransportError> {

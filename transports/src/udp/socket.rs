@@ -1,4 +1,5 @@
-//! One route's socket: set-up, gathered sends, receives into caller buffers, readiness.
+//! One route's socket: set-up, gathered and spliced sends, receives into caller buffers,
+//! readiness.
 
 use std::io::{self, IoSlice};
 use std::net::SocketAddr;
@@ -9,12 +10,15 @@ use rankweave_core::TransportError;
 use socket2::{Domain, Protocol, SockAddr, SockRef, Socket, Type};
 use tokio::net::UdpSocket;
 
+use super::splice::{SPLICE_MIN, SpliceError, SplicePipe};
+
 /// A non-blocking UDP socket registered with the tokio reactor (for parking only: sends and
 /// receives are direct system calls, so busy-polling never depends on the reactor running).
 #[derive(Debug)]
 pub struct RouteSocket {
     socket: UdpSocket,
     local: SocketAddr,
+    splicing: std::sync::Mutex<Splicing>,
 }
 
 fn io_error(op: &'static str, e: io::Error) -> TransportError {
@@ -51,7 +55,11 @@ impl RouteSocket {
                 message: "the tokio runtime has IO disabled (build it with enable_all())".into(),
             })?
             .map_err(|e| io_error("register UDP socket", e))?;
-        Ok(RouteSocket { socket, local })
+        Ok(RouteSocket {
+            socket,
+            local,
+            splicing: std::sync::Mutex::new(Splicing::Untried),
+        })
     }
 
     /// The bound address.
@@ -62,22 +70,85 @@ impl RouteSocket {
     /// Sends one datagram made of `parts` to `to`. A full socket buffer is reported as an
     /// [`Io`](TransportError::Io) error (the reliability layer treats it as a loss).
     pub fn send_to(&self, parts: &[&[u8]], to: SocketAddr) -> Result<(), TransportError> {
-        let mut slices = [IoSlice::new(&[]); 4];
-        let n = parts.len().min(slices.len());
-        for (s, p) in slices.iter_mut().zip(parts) {
-            *s = IoSlice::new(p);
+        let _sending = self.lock_sending();
+        self.send_gathered(parts, None, to)
+    }
+
+    /// Sends one datagram, `parts` followed by `held`, to `to`, where the caller keeps `held`
+    /// unchanged until the datagram has been received: a `held` of at least [`SPLICE_MIN`]
+    /// bytes goes by reference ([`SplicePipe`]), without the kernel copying it.
+    pub fn send_to_held(
+        &self,
+        parts: &[&[u8]],
+        held: &[u8],
+        to: SocketAddr,
+    ) -> Result<(), TransportError> {
+        let mut splicing = self.lock_sending();
+        if held.len() >= SPLICE_MIN {
+            if let Splicing::Untried = *splicing {
+                *splicing = match SplicePipe::new() {
+                    // Over IPv6 a spliced datagram that needs fragmenting (longer than the
+                    // loopback MTU with its 48 header bytes) was seen to vanish: copy there.
+                    _ if !self.local.is_ipv4() => Splicing::Off,
+                    Ok(pipe) => {
+                        skip_udp_checksum(&self.socket);
+                        Splicing::Ready(pipe)
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, "no splice pipe: large payloads are copied");
+                        Splicing::Off
+                    }
+                };
+            }
+            if let Splicing::Ready(pipe) = &*splicing {
+                let sent = with_io_slices(parts, None, |head| {
+                    pipe.send(
+                        &SockRef::from(&self.socket),
+                        head,
+                        held,
+                        &SockAddr::from(to),
+                    )
+                });
+                match sent {
+                    Ok(()) => return Ok(()),
+                    Err(SpliceError::Unsupported(e)) => {
+                        tracing::debug!(error = %e, "vmsplice refused: large payloads are copied");
+                        *splicing = Splicing::Off;
+                    }
+                    Err(SpliceError::Failed(e)) => {
+                        // The pipe may still hold pages: start the next one afresh.
+                        *splicing = Splicing::Untried;
+                        return Err(io_error("UDP send (spliced)", e));
+                    }
+                }
+            }
         }
-        let owned;
-        let bufs: &[IoSlice<'_>] = if parts.len() <= slices.len() {
-            &slices[..n]
-        } else {
-            owned = parts.iter().map(|p| IoSlice::new(p)).collect::<Vec<_>>();
-            &owned
-        };
-        SockRef::from(&self.socket)
-            .send_to_vectored(bufs, &SockAddr::from(to))
-            .map(|_| ())
-            .map_err(|e| io_error("UDP send", e))
+        self.send_gathered(parts, Some(held), to)
+    }
+
+    /// Whether large held payloads are being spliced (a pipe is set up and working).
+    #[cfg(test)]
+    pub(crate) fn splices(&self) -> bool {
+        matches!(*self.lock_sending(), Splicing::Ready(_))
+    }
+
+    /// Holds the socket's send side: a spliced datagram is built by several system calls, and
+    /// nothing else may be sent on the socket in between.
+    fn lock_sending(&self) -> std::sync::MutexGuard<'_, Splicing> {
+        self.splicing.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn send_gathered(
+        &self,
+        parts: &[&[u8]],
+        last: Option<&[u8]>,
+        to: SocketAddr,
+    ) -> Result<(), TransportError> {
+        with_io_slices(parts, last, |bufs| {
+            SockRef::from(&self.socket).send_to_vectored(bufs, &SockAddr::from(to))
+        })
+        .map(|_| ())
+        .map_err(|e| io_error("UDP send", e))
     }
 
     /// Receives one datagram into the spare capacity of `buf` (cleared first; at most `cap`
@@ -123,6 +194,62 @@ impl RouteSocket {
             Poll::Pending => Poll::Pending,
         }
     }
+}
+
+/// Calls `f` with `parts` (and `last`, if any) as `IoSlice`s, without allocating for the usual
+/// few parts.
+fn with_io_slices<R>(
+    parts: &[&[u8]],
+    last: Option<&[u8]>,
+    f: impl FnOnce(&[IoSlice<'_>]) -> R,
+) -> R {
+    let all = parts.iter().copied().chain(last);
+    let n = parts.len() + usize::from(last.is_some());
+    let mut slices = [IoSlice::new(&[]); 5];
+    if n <= slices.len() {
+        for (s, p) in slices.iter_mut().zip(all) {
+            *s = IoSlice::new(p);
+        }
+        f(&slices[..n])
+    } else {
+        f(&all.map(IoSlice::new).collect::<Vec<_>>())
+    }
+}
+
+/// Sends (IPv4) datagrams without a UDP checksum (`SO_NO_CHECK`).
+///
+/// Called when a socket starts splicing. The sender's kernel still sums a datagram built from
+/// a corked header and spliced pages (it cannot leave that to the adapter), but with the
+/// checksum field zero the receiver's kernel no longer reads every byte a second time to check
+/// it while copying. A socket that splices carries DATA packets, whose CRC32C over header and
+/// payload is the stronger check.
+fn skip_udp_checksum(socket: &UdpSocket) {
+    let on: libc::c_int = 1;
+    // SAFETY: setsockopt reads `size_of::<c_int>()` bytes from a valid `c_int` on a socket
+    // descriptor we own; failure only returns an error code.
+    let r = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_NO_CHECK,
+            (&raw const on).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        tracing::debug!(error = %io::Error::last_os_error(), "SO_NO_CHECK refused");
+    }
+}
+
+/// Whether this socket sends large held payloads by reference.
+#[derive(Debug)]
+enum Splicing {
+    /// Not yet needed (or the last pipe was dropped after a failure).
+    Untried,
+    /// Splicing through this pipe.
+    Ready(SplicePipe),
+    /// Not available here: large payloads are copied.
+    Off,
 }
 
 /// Asks for `size`-byte kernel buffers, first past the system limits (root only), then within.
