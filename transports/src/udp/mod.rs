@@ -53,12 +53,21 @@ pub const COPY_THRESHOLD: usize = 16 * 1024;
 /// The largest UDP payload over IPv4 (65 535 − 8 − 20).
 pub const MAX_UDP_PAYLOAD: usize = 65_507;
 
+/// The default datagram size: with reliability on, a DATA fragment's payload is then exactly
+/// 14 pages (57 344 bytes), which spans at most 15 pages at any alignment, so that it can be
+/// spliced as a segmentation-offload datagram and the kernel sums no payload byte (see the
+/// `splice` module). Against the largest datagram (65 507 bytes) that is 14% more datagrams
+/// for a large message, each cheaper by a pass over its payload on both sides.
+pub const DEFAULT_DATAGRAM: usize = 14 * 4096
+    + rankweave_core::reliability::Packet::max_data_header_len()
+    + rankweave_core::wire::MAX_HEADER_LEN;
+
 /// How a rank's UDP routes are set up.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct UdpSettings {
     /// One local address per route; each route binds a socket on an ephemeral port there.
     pub routes: Vec<IpAddr>,
-    /// Largest datagram, in bytes (at most [`MAX_UDP_PAYLOAD`]).
+    /// Largest datagram, in bytes (at most [`MAX_UDP_PAYLOAD`]; default [`DEFAULT_DATAGRAM`]).
     pub max_datagram: usize,
     /// Requested kernel send and receive buffer size per socket, in bytes.
     pub socket_buffer: usize,
@@ -68,7 +77,7 @@ impl Default for UdpSettings {
     fn default() -> Self {
         UdpSettings {
             routes: vec![IpAddr::from([127, 0, 0, 1])],
-            max_datagram: MAX_UDP_PAYLOAD,
+            max_datagram: DEFAULT_DATAGRAM,
             socket_buffer: 64 << 20,
         }
     }

@@ -10,7 +10,7 @@ use rankweave_core::TransportError;
 use socket2::{Domain, Protocol, SockAddr, SockRef, Socket, Type};
 use tokio::net::UdpSocket;
 
-use super::splice::{SPLICE_MIN, SpliceError, SplicePipe};
+use super::splice::{SPLICE_MIN, SpliceError, SplicePipe, segmentable};
 
 /// A non-blocking UDP socket registered with the tokio reactor (for parking only: sends and
 /// receives are direct system calls, so busy-polling never depends on the reactor running).
@@ -58,7 +58,10 @@ impl RouteSocket {
         Ok(RouteSocket {
             socket,
             local,
-            splicing: std::sync::Mutex::new(Splicing::Untried),
+            splicing: std::sync::Mutex::new(Splicing {
+                pipe: Pipe::Untried,
+                segment: true,
+            }),
         })
     }
 
@@ -83,41 +86,42 @@ impl RouteSocket {
         held: &[u8],
         to: SocketAddr,
     ) -> Result<(), TransportError> {
-        let mut splicing = self.lock_sending();
+        let mut sending = self.lock_sending();
         if held.len() >= SPLICE_MIN {
-            if let Splicing::Untried = *splicing {
-                *splicing = match SplicePipe::new() {
+            let sending = &mut *sending;
+            if let Pipe::Untried = sending.pipe {
+                sending.pipe = match SplicePipe::new() {
                     // Over IPv6 a spliced datagram that needs fragmenting (longer than the
                     // loopback MTU with its 48 header bytes) was seen to vanish: copy there.
-                    _ if !self.local.is_ipv4() => Splicing::Off,
-                    Ok(pipe) => {
-                        skip_udp_checksum(&self.socket);
-                        Splicing::Ready(pipe)
-                    }
+                    _ if !self.local.is_ipv4() => Pipe::Off,
+                    Ok(pipe) => Pipe::Ready(pipe),
                     Err(e) => {
                         tracing::debug!(error = %e, "no splice pipe: large payloads are copied");
-                        Splicing::Off
+                        Pipe::Off
                     }
                 };
             }
-            if let Splicing::Ready(pipe) = &*splicing {
+            if let Pipe::Ready(pipe) = &sending.pipe {
+                let segmented = sending.segment && segmentable(held);
                 let sent = with_io_slices(parts, None, |head| {
-                    pipe.send(
-                        &SockRef::from(&self.socket),
-                        head,
-                        held,
-                        &SockAddr::from(to),
-                    )
+                    let socket = SockRef::from(&self.socket);
+                    pipe.send(segmented, &socket, head, held, &SockAddr::from(to))
                 });
                 match sent {
                     Ok(()) => return Ok(()),
                     Err(SpliceError::Unsupported(e)) => {
                         tracing::debug!(error = %e, "vmsplice refused: large payloads are copied");
-                        *splicing = Splicing::Off;
+                        sending.pipe = Pipe::Off;
                     }
                     Err(SpliceError::Failed(e)) => {
+                        if segmented && segmentation_refused(&e) {
+                            // A path MTU below the datagram, or a kernel without UDP
+                            // segmentation offload: cork the plain way from now on.
+                            tracing::debug!(error = %e, "no segmentation offload for splicing");
+                            sending.segment = false;
+                        }
                         // The pipe may still hold pages: start the next one afresh.
-                        *splicing = Splicing::Untried;
+                        sending.pipe = Pipe::Untried;
                         return Err(io_error("UDP send (spliced)", e));
                     }
                 }
@@ -129,7 +133,7 @@ impl RouteSocket {
     /// Whether large held payloads are being spliced (a pipe is set up and working).
     #[cfg(test)]
     pub(crate) fn splices(&self) -> bool {
-        matches!(*self.lock_sending(), Splicing::Ready(_))
+        matches!(self.lock_sending().pipe, Pipe::Ready(_))
     }
 
     /// Holds the socket's send side: a spliced datagram is built by several system calls, and
@@ -216,34 +220,27 @@ fn with_io_slices<R>(
     }
 }
 
-/// Sends (IPv4) datagrams without a UDP checksum (`SO_NO_CHECK`).
-///
-/// Called when a socket starts splicing. The sender's kernel still sums a datagram built from
-/// a corked header and spliced pages (it cannot leave that to the adapter), but with the
-/// checksum field zero the receiver's kernel no longer reads every byte a second time to check
-/// it while copying. A socket that splices carries DATA packets, whose CRC32C over header and
-/// payload is the stronger check.
-fn skip_udp_checksum(socket: &UdpSocket) {
-    let on: libc::c_int = 1;
-    // SAFETY: setsockopt reads `size_of::<c_int>()` bytes from a valid `c_int` on a socket
-    // descriptor we own; failure only returns an error code.
-    let r = unsafe {
-        libc::setsockopt(
-            socket.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_NO_CHECK,
-            (&raw const on).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if r != 0 {
-        tracing::debug!(error = %io::Error::last_os_error(), "SO_NO_CHECK refused");
-    }
+/// Whether a failed segmented send says segmentation offload cannot be used on this socket
+/// (`EMSGSIZE`: a segment longer than the path MTU; `EINVAL`/`EIO`/`ENOPROTOOPT`: refused).
+fn segmentation_refused(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EMSGSIZE | libc::EINVAL | libc::EIO | libc::ENOPROTOOPT)
+    )
 }
 
-/// Whether this socket sends large held payloads by reference.
+/// How this socket sends large held payloads.
 #[derive(Debug)]
-enum Splicing {
+struct Splicing {
+    pipe: Pipe,
+    /// Whether to cork spliced datagrams as one-segment GSO datagrams (see
+    /// [`segmentable`]); off for good once the socket refused it.
+    segment: bool,
+}
+
+/// The pipe large held payloads are spliced through.
+#[derive(Debug)]
+enum Pipe {
     /// Not yet needed (or the last pipe was dropped after a failure).
     Untried,
     /// Splicing through this pipe.

@@ -64,13 +64,15 @@ impl SplicePipe {
     }
 
     /// Sends one datagram, `head` (copied, corked with `MSG_MORE`) followed by `payload`
-    /// (by reference), to `to` over `socket`.
+    /// (by reference), to `to` over `socket`; `segmented`: cork it as a one-segment
+    /// segmentation-offload datagram (see [`segmentable`]).
     ///
     /// `payload` must stay unchanged until the datagram has been received (see the module
     /// documentation); the caller must not send anything else on `socket` meanwhile (a corked
     /// datagram would swallow it).
     pub fn send(
         &self,
+        segmented: bool,
         socket: &socket2::SockRef<'_>,
         head: &[io::IoSlice<'_>],
         payload: &[u8],
@@ -94,9 +96,18 @@ impl SplicePipe {
             )));
         }
         // A failed corked send discards the pending datagram (the kernel flushes it on error).
-        socket
-            .send_to_vectored_with_flags(head, to, libc::MSG_MORE)
-            .map_err(SpliceError::Failed)?;
+        if segmented {
+            let len = head.iter().map(|h| h.len()).sum::<usize>() + payload.len();
+            let control = SegmentControl::new(len);
+            let msg = socket2::MsgHdr::new()
+                .with_addr(to)
+                .with_buffers(head)
+                .with_control(control.as_bytes());
+            socket.sendmsg(&msg, libc::MSG_MORE)
+        } else {
+            socket.send_to_vectored_with_flags(head, to, libc::MSG_MORE)
+        }
+        .map_err(SpliceError::Failed)?;
         let mut left = payload.len();
         while left > 0 {
             // SAFETY: both descriptors are open and owned (the pipe here, the socket by the
@@ -123,6 +134,66 @@ impl SplicePipe {
             left -= n as usize;
         }
         Ok(())
+    }
+}
+
+/// Whether a datagram with this `payload` can be corked as a segmentation-offload (GSO)
+/// datagram of one segment.
+///
+/// A corked datagram (`MSG_MORE`) is otherwise checksummed in software while its pages are
+/// appended (the kernel leaves a checksum to the adapter only for a datagram sent in one
+/// call), a pass over every payload byte on the sender, and another on the receiver to check
+/// it. Declaring the datagram a GSO datagram whose one segment is the whole of it (a
+/// `UDP_SEGMENT` control message) lets the kernel leave the checksum to the adapter (over
+/// loopback: to nobody). But such a datagram must fit one socket buffer's fragment slots
+/// (`MAX_SKB_FRAGS`, 17 by default): the corked header may take two, so the payload may span
+/// at most [`SEGMENT_MAX_PAGES`] pages. The UDP carrier's default datagram size is chosen so
+/// that a DATA fragment's payload always does.
+pub fn segmentable(payload: &[u8]) -> bool {
+    let start = payload.as_ptr() as usize;
+    let pages = (start + payload.len()).div_ceil(PAGE) - start / PAGE;
+    pages <= SEGMENT_MAX_PAGES
+}
+
+/// The page size the span of [`segmentable`] is counted in (the smallest Linux uses; a larger
+/// one only makes the count an overestimate).
+const PAGE: usize = 4096;
+
+/// The most pages a segmented datagram's payload may span.
+pub const SEGMENT_MAX_PAGES: usize = 15;
+
+/// A `UDP_SEGMENT` control message: segments of `size` bytes.
+#[repr(C)]
+struct SegmentControl {
+    header: libc::cmsghdr,
+    size: u16,
+    padding: [u8; 6],
+}
+
+impl SegmentControl {
+    fn new(size: usize) -> SegmentControl {
+        // SAFETY: an all-zero `cmsghdr` is a valid value (integers only).
+        let mut header: libc::cmsghdr = unsafe { std::mem::zeroed() };
+        header.cmsg_level = libc::SOL_UDP;
+        header.cmsg_type = libc::UDP_SEGMENT;
+        // SAFETY: CMSG_LEN only computes a length.
+        header.cmsg_len = unsafe { libc::CMSG_LEN(std::mem::size_of::<u16>() as u32) } as _;
+        SegmentControl {
+            header,
+            size: u16::try_from(size).unwrap_or(u16::MAX),
+            padding: [0; 6],
+        }
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        // SAFETY: `SegmentControl` is `repr(C)` with every byte initialised (the explicit
+        // padding fills it to CMSG_SPACE(2)), so viewing it as bytes for its lifetime is sound.
+        unsafe {
+            std::slice::from_raw_parts(
+                (self as *const SegmentControl).cast::<u8>(),
+                std::mem::size_of::<SegmentControl>(),
+            )
+        }
     }
 }
 

@@ -48,13 +48,13 @@ async fn large_datagrams_keep_their_buffer_and_small_ones_are_copied() {
 #[tokio::test]
 async fn a_dropped_large_datagram_lends_its_buffer_to_the_next() {
     let (a, b) = pair();
-    let first = vec![1u8; 60_000];
+    let first = vec![1u8; 50_000];
     a.send(0, 1, &[&first]).unwrap();
     let got = recv_n(&b, 1);
     assert_eq!(&got[0].bytes[..], &first[..]);
     let addr = got[0].bytes.as_ptr();
     // Still held: the next datagram needs a buffer of its own.
-    let second = vec![2u8; 60_000];
+    let second = vec![2u8; 50_000];
     a.send(0, 1, &[&second]).unwrap();
     let held = recv_n(&b, 1);
     let addrs = [addr, held[0].bytes.as_ptr()];
@@ -70,7 +70,7 @@ async fn a_dropped_large_datagram_lends_its_buffer_to_the_next() {
     );
     // Both went back to the pool (the carrier holds a third as its next receive buffer): of
     // the next two receives, one lands in one of them.
-    let third = vec![3u8; 60_000];
+    let third = vec![3u8; 50_000];
     a.send(0, 1, &[&third]).unwrap();
     a.send(0, 1, &[&third]).unwrap();
     let again = recv_n(&b, 2);
@@ -117,7 +117,7 @@ async fn held_payloads_arrive_intact_at_any_alignment_and_nothing_stays_corked()
             (0, max),
             (100, max),
             (4095, max),
-            (8192 + 7, 60_000),
+            (8192 + 7, 50_000),
             (1, splice::SPLICE_MIN),
             (3, splice::SPLICE_MIN - 1),
             (5, 10),
@@ -361,4 +361,26 @@ async fn peers_are_discovered_on_first_contact_and_claims_are_checked() {
             Err(TransportError::PeerUnreachable(2))
         ));
     }
+}
+
+#[test]
+fn a_default_data_fragment_can_always_be_sent_segmented() {
+    // The default datagram leaves a DATA fragment 14 pages of payload: at any alignment that
+    // spans at most `SEGMENT_MAX_PAGES` pages.
+    let payload = DEFAULT_DATAGRAM
+        - rankweave_core::reliability::Packet::max_data_header_len()
+        - rankweave_core::wire::MAX_HEADER_LEN;
+    assert_eq!(payload, 14 * 4096);
+    let memory = vec![0u8; payload + 3 * 4096];
+    // Offsets from the first page boundary in `memory`.
+    let page = (4096 - memory.as_ptr() as usize % 4096) % 4096;
+    for offset in [0, 1, 100, 4095, 4096, 8191] {
+        let at = page + offset;
+        assert!(splice::segmentable(&memory[at..at + payload]), "{offset}");
+    }
+    let at = page + 4095;
+    assert!(
+        !splice::segmentable(&memory[at..at + payload + 2]),
+        "two bytes more from the end of a page span 16 pages"
+    );
 }
