@@ -78,8 +78,8 @@ impl RouteSocket {
     }
 
     /// Sends one datagram, `parts` followed by `held`, to `to`, where the caller keeps `held`
-    /// unchanged until the datagram has been received: a `held` of at least [`SPLICE_MIN`]
-    /// bytes goes by reference ([`SplicePipe`]), without the kernel copying it.
+    /// unchanged until the datagram has been received: a `held` of at least 32 KiB
+    /// goes by reference (`vmsplice` and `splice`), without the kernel copying it.
     pub fn send_to_held(
         &self,
         parts: &[&[u8]],
