@@ -232,6 +232,9 @@ pub struct LinkStats {
     pub spurious_retransmissions: u64,
     /// Retransmission timer expiries.
     pub timeouts: u64,
+    /// Tail probes sent (the newest packet again after a stall shorter than the timer; see
+    /// [`retransmit`]).
+    pub tail_probes: u64,
     /// Payloads handed to the application.
     pub delivered: u64,
     /// Arriving DATA packets dropped as duplicates.
@@ -475,6 +478,12 @@ impl ReliableLink {
     }
 
     /// Whether data of ours waits for the peer: sent and unacknowledged, or queued.
+    /// The tail probe's timeout: two smoothed round trips plus the time the peer may hold
+    /// back the ACK of a lone packet (RFC 8985's PTO); none before the first RTT sample.
+    fn tail_probe_timeout(&self) -> Option<Duration> {
+        Some(self.rtt.smoothed()? * 2 + self.config.ack_delay)
+    }
+
     fn awaiting(&self) -> bool {
         !self.is_idle()
     }
@@ -785,12 +794,16 @@ impl ReliableLink {
     /// delayed ACK, the loss timer, the retransmission timer or the next probe of a Down route.
     pub fn poll_timeout(&self) -> Option<Instant> {
         let ack = self.ack.deadline.filter(|_| self.ack.pending > 0);
-        let (retransmit, loss, probe, liveness) = if self.dead {
-            (None, None, None, None)
+        let (retransmit, tail, loss, probe, liveness) = if self.dead {
+            (None, None, None, None, None)
         } else {
             (
                 self.sent
                     .next_timeout(self.rtt.rto(), self.config.max_backoff),
+                self.tail_probe_timeout().and_then(|pto| {
+                    self.sent
+                        .next_tail_probe(pto, self.rtt.rto(), self.config.max_backoff)
+                }),
                 self.sent.next_loss_time_with(|p| {
                     self.paths
                         .loss_delay(p.route, self.reorder_quarters)
@@ -800,7 +813,7 @@ impl ReliableLink {
                 self.liveness.poll_timeout(self.awaiting()),
             )
         };
-        [ack, retransmit, loss, probe, liveness]
+        [ack, retransmit, tail, loss, probe, liveness]
             .into_iter()
             .flatten()
             .min()
@@ -836,6 +849,15 @@ impl ReliableLink {
             self.stats.timeouts += 1;
             if let Some(p) = self.sent.get(seq) {
                 self.paths.on_timer_expired(p.route);
+            }
+        } else if let Some(pto) = self.tail_probe_timeout() {
+            let (rto, max_backoff) = (self.rtt.rto(), self.config.max_backoff);
+            if self
+                .sent
+                .on_tail_probe(now, pto, rto, max_backoff)
+                .is_some()
+            {
+                self.stats.tail_probes += 1;
             }
         }
         self.paths.end_pass(now, self.strike_spacing());

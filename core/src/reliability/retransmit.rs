@@ -24,6 +24,15 @@
 //!   reaches the retry limit the peer is declared dead. Any ACK from the peer resets the counts
 //!   (the peer is alive).
 //!
+//! * **Tail probe** (RACK's tail loss probe, RFC 8985 §7): when nothing was acknowledged for a
+//!   probe timeout (the link uses `2·SRTT` plus the peer's ACK delay) after the latest
+//!   transmission, and that is sooner than the timer above, the *newest* packet is sent again,
+//!   once per such stall. A lost packet at the end of a burst has no later packet whose ACK
+//!   would reveal it; the probe's ACK does (or the probe is the lost packet), so a tail loss
+//!   costs about two round trips instead of the minimum RTO. It counts no retry, and goes on
+//!   the route of the packet's latest transmission, so that a dead route still runs into the
+//!   timer that detects it.
+//!
 //! * **Rebinding**: when the link marks a route down, every packet whose latest transmission
 //!   went on it is due at once ([`mark_route_due`](RetransmitQueue::mark_route_due)).
 //!
@@ -112,6 +121,12 @@ pub struct RetransmitQueue {
     retries_counted: bool,
     /// When an ACK last acknowledged something: the timer restarts from there.
     last_progress: Option<Instant>,
+    /// The latest transmission of any packet.
+    last_sent: Option<Instant>,
+    /// Whether the tail probe went since the last progress (one per stall).
+    tail_probed: bool,
+    /// The packet marked due as the tail probe, until it is sent.
+    probe: Option<u64>,
 }
 
 impl RetransmitQueue {
@@ -149,6 +164,7 @@ impl RetransmitQueue {
         route: usize,
     ) {
         let order = self.bump_order();
+        self.last_sent = Some(now);
         self.packets.insert(
             seq,
             SentPacket {
@@ -236,6 +252,7 @@ impl RetransmitQueue {
         if let Some(sent) = latest {
             self.largest_acked_sent = Some(self.largest_acked_sent.map_or(sent, |t| t.max(sent)));
             self.last_progress = Some(now);
+            self.tail_probed = false;
         }
         if std::mem::take(&mut self.retries_counted) {
             for p in self.packets.values_mut() {
@@ -346,6 +363,45 @@ impl RetransmitQueue {
         }
     }
 
+    /// When the tail probe is due: `pto` after the latest transmission or progress, whichever
+    /// is later, unless the probe went already in this stall, a packet is due anyway, or the
+    /// retransmission timer (`rto`, `max_backoff`) comes first.
+    pub fn next_tail_probe(
+        &self,
+        pto: Duration,
+        rto: Duration,
+        max_backoff: u32,
+    ) -> Option<Instant> {
+        if self.tail_probed || !self.due.is_empty() {
+            return None;
+        }
+        let sent = self.last_sent?;
+        let at = self.last_progress.map_or(sent, |t| t.max(sent)) + pto;
+        let timer = self.next_timeout(rto, max_backoff)?;
+        (at < timer).then_some(at)
+    }
+
+    /// Handles the tail probe's timer: if it expired, marks the newest packet due and returns
+    /// its sequence number.
+    pub fn on_tail_probe(
+        &mut self,
+        now: Instant,
+        pto: Duration,
+        rto: Duration,
+        max_backoff: u32,
+    ) -> Option<u64> {
+        match self.next_tail_probe(pto, rto, max_backoff) {
+            Some(t) if t <= now => {
+                let seq = *self.packets.last_key_value()?.0;
+                self.tail_probed = true;
+                self.probe = Some(seq);
+                self.due.insert(seq);
+                Some(seq)
+            }
+            _ => None,
+        }
+    }
+
     /// Takes the lowest due packet for retransmission now, on the route `pick` chooses for it
     /// (given the packet as it was last sent), and records the transmission.
     pub fn pop_due(
@@ -356,13 +412,17 @@ impl RetransmitQueue {
         loop {
             let seq = self.due.pop_first()?;
             let order = self.bump_order();
+            let is_probe = self.probe.take_if(|&mut p| p == seq).is_some();
             // Due packets are always queued (ACKs remove both); skip one that is not.
             let Some(p) = self.packets.get_mut(&seq) else {
                 continue;
             };
             let previous_route = p.route;
-            let route = pick(p);
+            // The probe keeps its route: finding another would hide a dead route from the
+            // timer that detects it.
+            let route = if is_probe { p.route } else { pick(p) };
             p.last_sent = now;
+            self.last_sent = Some(now);
             p.retransmitted = true;
             p.order = order;
             p.single_route &= route == previous_route;

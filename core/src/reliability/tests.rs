@@ -822,6 +822,46 @@ fn delayed_ack_fires_after_ack_delay() {
 }
 
 #[test]
+fn a_lost_tail_packet_is_probed_after_two_round_trips_not_the_minimum_rto() {
+    let t0 = Instant::now();
+    let config = LinkConfig::default();
+    let (mut a, mut b) = pair(1);
+    for p in [&b"one"[..], b"two", b"three"] {
+        a.send(t0, Bytes::from_static(p));
+    }
+    let sent: Vec<_> = std::iter::from_fn(|| a.poll_transmit(t0)).collect();
+    assert_eq!(sent.len(), 3);
+    // The first two arrive (their ACK goes at once: ack frequency 2); the tail is lost.
+    let t1 = t0 + 20 * US;
+    for t in &sent[..2] {
+        b.handle_packet(t1, 0, t.packet.clone());
+    }
+    let ack = b.poll_transmit(t1).expect("ACK of two packets");
+    let t2 = t1 + 20 * US;
+    a.handle_packet(t2, 0, ack.packet);
+    let srtt = a.rtt().smoothed().expect("an RTT sample");
+    // Nothing more comes: the probe is due two round trips plus the ACK delay later, well
+    // before the retransmission timer.
+    let probe_at = t2 + srtt * 2 + config.ack_delay;
+    assert_eq!(a.poll_timeout(), Some(probe_at));
+    assert!(probe_at < t2 + a.rtt().rto());
+    a.handle_timeout(probe_at - US);
+    assert!(
+        a.poll_transmit(probe_at - US).is_none(),
+        "not before its time"
+    );
+    a.handle_timeout(probe_at);
+    let probe = a.poll_transmit(probe_at).expect("the tail probe");
+    assert!(matches!(probe.packet.body, PacketBody::Data { seq: 3, .. }));
+    assert_eq!((a.stats().tail_probes, a.stats().timeouts), (1, 0));
+    // One probe per stall: next comes the retransmission timer.
+    assert!(a.poll_timeout() >= Some(probe_at + a.rtt().rto()));
+    b.handle_packet(probe_at, 0, probe.packet);
+    let got: Vec<_> = std::iter::from_fn(|| b.poll_deliver()).collect();
+    assert_eq!(got, [&b"one"[..], b"two", b"three"]);
+}
+
+#[test]
 fn nack_triggers_immediate_retransmission() {
     let t0 = Instant::now();
     let (mut a, mut b) = pair(1);
@@ -1201,10 +1241,17 @@ fn one_working_route_keeps_the_peer_alive() {
         );
         assert_eq!(sim.links[i].paths().primary(), Some(1));
     }
-    // Failing over cost a few retransmission timeouts, not a storm.
+    // Failing over cost a few retransmission timeouts, not a storm (and a tail probe before
+    // each stall's first timeout, on the dead route: at most one per stall).
     let timeouts: u64 = sim.links.iter().map(|l| l.stats().timeouts).sum();
+    let probes: u64 = sim.links.iter().map(|l| l.stats().tail_probes).sum();
     assert!(timeouts <= 6, "{timeouts} timeouts");
-    assert!(sim.retransmitted() <= 10, "{}", sim.retransmitted());
+    assert!(probes <= timeouts, "{probes} tail probes");
+    assert!(
+        sim.retransmitted() - probes <= 10,
+        "{}",
+        sim.retransmitted()
+    );
 }
 
 #[test]
