@@ -18,7 +18,7 @@ use super::splice::{SPLICE_MIN, SpliceError, SplicePipe, segmentable};
 pub struct RouteSocket {
     socket: UdpSocket,
     local: SocketAddr,
-    splicing: std::sync::Mutex<Splicing>,
+    splicing: std::sync::Mutex<Pipe>,
 }
 
 fn io_error(op: &'static str, e: io::Error) -> TransportError {
@@ -58,10 +58,7 @@ impl RouteSocket {
         Ok(RouteSocket {
             socket,
             local,
-            splicing: std::sync::Mutex::new(Splicing {
-                pipe: Pipe::Untried,
-                segment: true,
-            }),
+            splicing: std::sync::Mutex::new(Pipe::Untried),
         })
     }
 
@@ -88,9 +85,8 @@ impl RouteSocket {
     ) -> Result<(), TransportError> {
         let mut sending = self.lock_sending();
         if held.len() >= SPLICE_MIN {
-            let sending = &mut *sending;
-            if let Pipe::Untried = sending.pipe {
-                sending.pipe = match SplicePipe::new() {
+            if let Pipe::Untried = *sending {
+                *sending = match SplicePipe::new() {
                     // Over IPv6 a spliced datagram that needs fragmenting (longer than the
                     // loopback MTU with its 48 header bytes) was seen to vanish: copy there.
                     _ if !self.local.is_ipv4() => Pipe::Off,
@@ -101,27 +97,27 @@ impl RouteSocket {
                     }
                 };
             }
-            if let Pipe::Ready(pipe) = &sending.pipe {
-                let segmented = sending.segment && segmentable(held);
+            if let (Pipe::Ready(pipe), true) = (&*sending, segmentable(held)) {
                 let sent = with_io_slices(parts, None, |head| {
                     let socket = SockRef::from(&self.socket);
-                    pipe.send(segmented, &socket, head, held, &SockAddr::from(to))
+                    pipe.send(&socket, head, held, &SockAddr::from(to))
                 });
                 match sent {
                     Ok(()) => return Ok(()),
                     Err(SpliceError::Unsupported(e)) => {
                         tracing::debug!(error = %e, "vmsplice refused: large payloads are copied");
-                        sending.pipe = Pipe::Off;
+                        *sending = Pipe::Off;
                     }
                     Err(SpliceError::Failed(e)) => {
-                        if segmented && segmentation_refused(&e) {
-                            // A path MTU below the datagram, or a kernel without UDP
-                            // segmentation offload: cork the plain way from now on.
-                            tracing::debug!(error = %e, "no segmentation offload for splicing");
-                            sending.segment = false;
-                        }
-                        // The pipe may still hold pages: start the next one afresh.
-                        sending.pipe = Pipe::Untried;
+                        // The pipe may still hold pages: start the next one afresh. A path MTU
+                        // below the datagram, or a kernel without UDP segmentation offload,
+                        // refuses every spliced datagram: copy from now on.
+                        *sending = if segmentation_refused(&e) {
+                            tracing::debug!(error = %e, "no segmentation offload: large payloads are copied");
+                            Pipe::Off
+                        } else {
+                            Pipe::Untried
+                        };
                         return Err(io_error("UDP send (spliced)", e));
                     }
                 }
@@ -133,12 +129,12 @@ impl RouteSocket {
     /// Whether large held payloads are being spliced (a pipe is set up and working).
     #[cfg(test)]
     pub(crate) fn splices(&self) -> bool {
-        matches!(self.lock_sending().pipe, Pipe::Ready(_))
+        matches!(*self.lock_sending(), Pipe::Ready(_))
     }
 
     /// Holds the socket's send side: a spliced datagram is built by several system calls, and
     /// nothing else may be sent on the socket in between.
-    fn lock_sending(&self) -> std::sync::MutexGuard<'_, Splicing> {
+    fn lock_sending(&self) -> std::sync::MutexGuard<'_, Pipe> {
         self.splicing.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -220,22 +216,13 @@ fn with_io_slices<R>(
     }
 }
 
-/// Whether a failed segmented send says segmentation offload cannot be used on this socket
+/// Whether a failed spliced send says segmentation offload cannot be used on this socket
 /// (`EMSGSIZE`: a segment longer than the path MTU; `EINVAL`/`EIO`/`ENOPROTOOPT`: refused).
 fn segmentation_refused(e: &io::Error) -> bool {
     matches!(
         e.raw_os_error(),
         Some(libc::EMSGSIZE | libc::EINVAL | libc::EIO | libc::ENOPROTOOPT)
     )
-}
-
-/// How this socket sends large held payloads.
-#[derive(Debug)]
-struct Splicing {
-    pipe: Pipe,
-    /// Whether to cork spliced datagrams as one-segment GSO datagrams (see
-    /// [`segmentable`]); off for good once the socket refused it.
-    segment: bool,
 }
 
 /// The pipe large held payloads are spliced through.

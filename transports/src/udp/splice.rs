@@ -15,7 +15,8 @@
 //! datagram. Raw frames (reliability off) carry no payload CRC and are never spliced.
 //!
 //! One datagram takes three system calls (`vmsplice`, `sendmsg` with `MSG_MORE`, `splice`)
-//! instead of one, so only payloads of at least [`SPLICE_MIN`] bytes go this way.
+//! instead of one, so only payloads of at least [`SPLICE_MIN`] bytes go this way, and only
+//! those that fit a segmentation-offload datagram ([`segmentable`]).
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -63,16 +64,15 @@ impl SplicePipe {
         Ok(SplicePipe { read, write })
     }
 
-    /// Sends one datagram, `head` (copied, corked with `MSG_MORE`) followed by `payload`
-    /// (by reference), to `to` over `socket`; `segmented`: cork it as a one-segment
-    /// segmentation-offload datagram (see [`segmentable`]).
+    /// Sends one datagram, `head` (copied, corked with `MSG_MORE` as a one-segment
+    /// segmentation-offload datagram) followed by `payload` (by reference), to `to` over
+    /// `socket`. `payload` must be [`segmentable`].
     ///
     /// `payload` must stay unchanged until the datagram has been received (see the module
     /// documentation); the caller must not send anything else on `socket` meanwhile (a corked
     /// datagram would swallow it).
     pub fn send(
         &self,
-        segmented: bool,
         socket: &socket2::SockRef<'_>,
         head: &[io::IoSlice<'_>],
         payload: &[u8],
@@ -96,18 +96,15 @@ impl SplicePipe {
             )));
         }
         // A failed corked send discards the pending datagram (the kernel flushes it on error).
-        if segmented {
-            let len = head.iter().map(|h| h.len()).sum::<usize>() + payload.len();
-            let control = SegmentControl::new(len);
-            let msg = socket2::MsgHdr::new()
-                .with_addr(to)
-                .with_buffers(head)
-                .with_control(control.as_bytes());
-            socket.sendmsg(&msg, libc::MSG_MORE)
-        } else {
-            socket.send_to_vectored_with_flags(head, to, libc::MSG_MORE)
-        }
-        .map_err(SpliceError::Failed)?;
+        let len = head.iter().map(|h| h.len()).sum::<usize>() + payload.len();
+        let control = SegmentControl::new(len);
+        let msg = socket2::MsgHdr::new()
+            .with_addr(to)
+            .with_buffers(head)
+            .with_control(control.as_bytes());
+        socket
+            .sendmsg(&msg, libc::MSG_MORE)
+            .map_err(SpliceError::Failed)?;
         let mut left = payload.len();
         while left > 0 {
             // SAFETY: both descriptors are open and owned (the pipe here, the socket by the
@@ -137,18 +134,20 @@ impl SplicePipe {
     }
 }
 
-/// Whether a datagram with this `payload` can be corked as a segmentation-offload (GSO)
-/// datagram of one segment.
+/// Whether this `payload` can be spliced: corked as a segmentation-offload (GSO) datagram of
+/// one segment.
 ///
-/// A corked datagram (`MSG_MORE`) is otherwise checksummed in software while its pages are
+/// A plainly corked datagram (`MSG_MORE`) is checksummed in software while its pages are
 /// appended (the kernel leaves a checksum to the adapter only for a datagram sent in one
 /// call), a pass over every payload byte on the sender, and another on the receiver to check
-/// it. Declaring the datagram a GSO datagram whose one segment is the whole of it (a
-/// `UDP_SEGMENT` control message) lets the kernel leave the checksum to the adapter (over
-/// loopback: to nobody). But such a datagram must fit one socket buffer's fragment slots
+/// it; and with spliced pages that sum was seen to come out wrong now and then (odd lengths,
+/// under load: the receiver's kernel dropped the datagram, `UdpInCsumErrors`). Declaring the
+/// datagram a GSO datagram whose one segment is the whole of it (a `UDP_SEGMENT` control
+/// message) lets the kernel leave the checksum to the adapter (over loopback: to nobody), so
+/// only such datagrams are spliced. One must fit a socket buffer's fragment slots
 /// (`MAX_SKB_FRAGS`, 17 by default): the corked header may take two, so the payload may span
 /// at most [`SEGMENT_MAX_PAGES`] pages. The UDP carrier's default datagram size is chosen so
-/// that a DATA fragment's payload always does.
+/// that a DATA fragment's payload always does; longer payloads are copied.
 pub fn segmentable(payload: &[u8]) -> bool {
     let start = payload.as_ptr() as usize;
     let pages = (start + payload.len()).div_ceil(PAGE) - start / PAGE;

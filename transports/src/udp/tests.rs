@@ -111,17 +111,17 @@ async fn held_payloads_arrive_intact_at_any_alignment_and_nothing_stays_corked()
         let memory = pattern(300_000);
         let head = b"frame header";
         let max = a.max_datagram() - head.len();
-        // Page-aligned or not, spanning 16 or 17 pages (a pipe moves 16 per call), at and
-        // around the splicing threshold, and a small one that is copied.
-        for (offset, len) in [
-            (0, max),
-            (100, max),
-            (4095, max),
+        // At every alignment (spliced when the payload spans at most 15 pages, copied when
+        // 16), odd and even lengths, at and around the splicing threshold, and a small one.
+        let sweep = (0..4096)
+            .step_by(97)
+            .flat_map(|o| [(o, max), (o, max - 101)]);
+        for (offset, len) in sweep.chain([
             (8192 + 7, 50_000),
             (1, splice::SPLICE_MIN),
             (3, splice::SPLICE_MIN - 1),
             (5, 10),
-        ] {
+        ]) {
             let held = &memory[offset..offset + len];
             a.send_held(0, 1, &[head, b""], held).unwrap();
             // A plain send right behind it must be a datagram of its own.
