@@ -232,13 +232,15 @@ pub fn encode_header(header: &Header, payload_len: usize, out: &mut impl BufMut)
     out.put_u64_le(u64::try_from(payload_len).unwrap_or(u64::MAX));
 }
 
-/// Encodes a frame's header (for a payload of the frame's length) into a buffer of its own:
-/// sent gathered with the payload, it makes the same bytes as [`encode`] without copying the
-/// payload.
-pub fn encode_head(frame: &Frame) -> Bytes {
-    let mut out = BytesMut::with_capacity(encoded_len(&frame.header));
-    encode_header(&frame.header, frame.payload.len(), &mut out);
-    out.freeze()
+/// Encodes a frame's header (for a payload of the frame's length) into an array: sent gathered
+/// with the payload, it makes the same bytes as [`encode`] without copying the payload, and
+/// without an allocation. Returns the array and how many of its bytes the header took.
+pub fn encode_head(frame: &Frame) -> ([u8; MAX_HEADER_LEN], usize) {
+    let mut head = [0u8; MAX_HEADER_LEN];
+    let mut rest = &mut head[..];
+    encode_header(&frame.header, frame.payload.len(), &mut rest);
+    let len = MAX_HEADER_LEN - rest.len();
+    (head, len)
 }
 
 /// Encodes a whole frame, header then payload, into one buffer (one copy of the payload).

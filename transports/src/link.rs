@@ -129,7 +129,8 @@ struct Shared<C> {
 
 #[derive(Default)]
 struct State {
-    links: FxHashMap<u32, ReliableLink>,
+    /// Boxed: a link is large, and servicing one takes it out of the map and puts it back.
+    links: FxHashMap<u32, Box<ReliableLink>>,
     /// Peers reported lost (once each).
     lost: FxHashSet<u32>,
     /// Frames and losses ready for the message layer.
@@ -215,7 +216,7 @@ impl<C: Carrier> LinkTransport<C> {
     /// traffic to another transport waits for this, so the peer receives in order.
     pub fn is_idle_towards(&self, peer: u32) -> bool {
         let st = self.shared.lock();
-        st.links.get(&peer).is_none_or(ReliableLink::is_idle)
+        st.links.get(&peer).is_none_or(|l| l.is_idle())
     }
 
     /// One line per peer link: packets in flight, queued and held, the next timer, whether the
@@ -259,17 +260,17 @@ impl<C: Carrier> Shared<C> {
 
     fn link<'a>(
         &self,
-        links: &'a mut FxHashMap<u32, ReliableLink>,
+        links: &'a mut FxHashMap<u32, Box<ReliableLink>>,
         peer: u32,
     ) -> &'a mut ReliableLink {
         links.entry(peer).or_insert_with(|| {
-            ReliableLink::new(
+            Box::new(ReliableLink::new(
                 self.config.link.clone(),
                 self.config.job_key,
                 self.config.rank,
                 peer,
                 self.carrier.routes().max(1),
-            )
+            ))
         })
     }
 
@@ -443,8 +444,8 @@ impl<C: Carrier> Shared<C> {
                 PacketBody::Data { payload, .. } => self.carrier.send_held(
                     t.route,
                     peer,
-                    &[&st.header, &payload.head],
-                    &payload.body,
+                    &[&st.header, payload.head()],
+                    payload.body(),
                 ),
                 _ => {
                     let [head, body] = t
@@ -497,10 +498,7 @@ impl<C: Carrier> Shared<C> {
     }
 
     fn next_deadline(&self, st: &State) -> Option<Instant> {
-        st.links
-            .values()
-            .filter_map(ReliableLink::poll_timeout)
-            .min()
+        st.links.values().filter_map(|l| l.poll_timeout()).min()
     }
 
     /// Arms the timer for the links' earliest deadline; `Ready` when it has passed.
@@ -609,7 +607,8 @@ impl<C: Carrier> Transport for LinkTransport<C> {
             return Err(TransportError::Closed);
         }
         // Header and payload stay apart down to the gathered send: no copy of the payload.
-        let payload = PacketPayload::new(wire::encode_head(&frame), frame.payload);
+        let (head, head_len) = wire::encode_head(&frame);
+        let payload = PacketPayload::new(&head[..head_len], frame.payload);
         let mut st = sh.lock();
         if st.lost.contains(&to) {
             // Dropped: its `PeerLost` is queued behind what it sent (see `Transport::send`).
@@ -649,7 +648,9 @@ impl<C: Carrier> Transport for LinkTransport<C> {
             sh.advance(&mut st, now);
         }
         let n = st.ready.len();
-        out.extend(st.ready.drain(..));
+        if n > 0 {
+            out.extend(st.ready.drain(..));
+        }
         sh.drained_empty
             .store(!st.carrier_backlog, Ordering::Relaxed);
         Ok(n)

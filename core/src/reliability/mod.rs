@@ -97,6 +97,7 @@ pub mod paths;
 pub mod receive_window;
 pub mod retransmit;
 pub mod rtt;
+mod seq_slots;
 #[cfg(test)]
 mod tests;
 

@@ -139,47 +139,89 @@ pub struct Packet {
     pub body: PacketBody,
 }
 
+/// Longest head a [`PacketPayload`] keeps inline: room for any frame header
+/// ([`wire::MAX_HEADER_LEN`](crate::wire::MAX_HEADER_LEN)).
+pub const HEAD_CAPACITY: usize = 64;
+
 /// The bytes a DATA or RAW packet carries after its header, as a head and a body: a frame's
 /// encoded header and its payload travel in one gathered send without being joined (no copy of
-/// the payload on the sending side). A decoded packet has it all in the body. Two payloads are
-/// equal when their bytes are, however they are split.
-#[derive(Clone, Debug, Default)]
+/// the payload on the sending side). The head is kept inline (no allocation per packet: it is
+/// short, and the retransmit queue holds a payload until its ACK). A decoded packet has it all
+/// in the body. Two payloads are equal when their bytes are, however they are split.
+#[derive(Clone)]
 pub struct PacketPayload {
-    /// The first bytes (typically a frame header; often empty).
-    pub head: Bytes,
-    /// The rest.
-    pub body: Bytes,
+    head_len: u8,
+    head: [u8; HEAD_CAPACITY],
+    body: Bytes,
+}
+
+impl Default for PacketPayload {
+    fn default() -> Self {
+        PacketPayload::from(Bytes::new())
+    }
+}
+
+impl std::fmt::Debug for PacketPayload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PacketPayload")
+            .field("head", &self.head())
+            .field("body", &self.body)
+            .finish()
+    }
 }
 
 impl PacketPayload {
-    /// A payload of `head` followed by `body`.
-    pub fn new(head: Bytes, body: Bytes) -> Self {
-        PacketPayload { head, body }
+    /// A payload of `head` followed by `body`. A head longer than [`HEAD_CAPACITY`] is joined
+    /// with the body into one buffer (a copy) instead.
+    pub fn new(head: &[u8], body: Bytes) -> Self {
+        if head.len() > HEAD_CAPACITY {
+            let mut joined = Vec::with_capacity(head.len() + body.len());
+            joined.extend_from_slice(head);
+            joined.extend_from_slice(&body);
+            return PacketPayload::from(Bytes::from(joined));
+        }
+        let mut inline = [0u8; HEAD_CAPACITY];
+        inline[..head.len()].copy_from_slice(head);
+        PacketPayload {
+            head_len: head.len() as u8,
+            head: inline,
+            body,
+        }
+    }
+
+    /// The first bytes (typically a frame header; often empty).
+    pub fn head(&self) -> &[u8] {
+        &self.head[..usize::from(self.head_len)]
+    }
+
+    /// The rest.
+    pub fn body(&self) -> &Bytes {
+        &self.body
     }
 
     /// Its length in bytes.
     pub fn len(&self) -> usize {
-        self.head.len() + self.body.len()
+        usize::from(self.head_len) + self.body.len()
     }
 
     /// Whether it is empty.
     pub fn is_empty(&self) -> bool {
-        self.head.is_empty() && self.body.is_empty()
+        self.len() == 0
     }
 
     /// The two parts, to send gathered.
     pub fn parts(&self) -> [&[u8]; 2] {
-        [&self.head, &self.body]
+        [self.head(), &self.body]
     }
 
     /// The bytes as one buffer: the body itself when the head is empty (always so for a
     /// received packet), else a joined copy.
     pub fn into_bytes(self) -> Bytes {
-        if self.head.is_empty() {
+        if self.head_len == 0 {
             return self.body;
         }
         let mut joined = Vec::with_capacity(self.len());
-        joined.extend_from_slice(&self.head);
+        joined.extend_from_slice(self.head());
         joined.extend_from_slice(&self.body);
         Bytes::from(joined)
     }
@@ -188,7 +230,8 @@ impl PacketPayload {
 impl From<Bytes> for PacketPayload {
     fn from(body: Bytes) -> Self {
         PacketPayload {
-            head: Bytes::new(),
+            head_len: 0,
+            head: [0; HEAD_CAPACITY],
             body,
         }
     }
@@ -198,10 +241,10 @@ impl PartialEq for PacketPayload {
     fn eq(&self, other: &Self) -> bool {
         self.len() == other.len()
             && self
-                .head
+                .head()
                 .iter()
                 .chain(&self.body)
-                .eq(other.head.iter().chain(&other.body))
+                .eq(other.head().iter().chain(&other.body))
     }
 }
 
@@ -496,8 +539,8 @@ impl Packet {
         let mut buf = Vec::with_capacity(self.encoded_len());
         self.write_header(&mut buf);
         if let Some(payload) = self.payload() {
-            buf.extend_from_slice(&payload.head);
-            buf.extend_from_slice(&payload.body);
+            buf.extend_from_slice(payload.head());
+            buf.extend_from_slice(payload.body());
         }
         Bytes::from(buf)
     }
@@ -686,8 +729,8 @@ mod tests {
         let PacketBody::Data { payload, .. } = q.body else {
             unreachable!()
         };
-        assert!(payload.head.is_empty());
-        assert_eq!(payload.body.as_ptr(), buf[DATA_HEADER_LEN..].as_ptr());
+        assert!(payload.head().is_empty());
+        assert_eq!(payload.body().as_ptr(), buf[DATA_HEADER_LEN..].as_ptr());
     }
 
     #[test]
@@ -697,7 +740,7 @@ mod tests {
             seq: 5,
             ack: 3,
             window_end: 260,
-            payload: PacketPayload::new(Bytes::from_static(b"head"), Bytes::from_static(b"body")),
+            payload: PacketPayload::new(b"head", Bytes::from_static(b"body")),
         });
         assert_eq!(split, joined, "equal bytes, however split");
         assert_eq!(split.encode(), joined.encode(), "same bytes, same CRC");
@@ -707,11 +750,11 @@ mod tests {
             seq: 5,
             ack: 3,
             window_end: 260,
-            payload: PacketPayload::new(Bytes::from_static(b"head"), Bytes::from_static(b"bodz")),
+            payload: PacketPayload::new(b"head", Bytes::from_static(b"bodz")),
         });
         assert_ne!(other, joined);
         assert_eq!(
-            PacketPayload::new(Bytes::from_static(b"ab"), Bytes::from_static(b"c")).into_bytes(),
+            PacketPayload::new(b"ab", Bytes::from_static(b"c")).into_bytes(),
             Bytes::from_static(b"abc")
         );
     }

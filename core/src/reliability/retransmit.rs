@@ -44,10 +44,11 @@
 //! the link's [`PathScheduler`](super::paths::PathScheduler) learns what each route delivers and
 //! loses.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use super::packet::{AckInfo, PacketPayload};
+use super::seq_slots::SeqSlots;
 
 /// A DATA packet waiting for its acknowledgement.
 #[derive(Clone, Debug)]
@@ -111,7 +112,7 @@ pub struct Resend {
 /// Unacknowledged DATA packets, by sequence number.
 #[derive(Clone, Debug, Default)]
 pub struct RetransmitQueue {
-    packets: BTreeMap<u64, SentPacket>,
+    packets: SeqSlots<SentPacket>,
     /// Packets due to be sent again, by sequence number.
     due: BTreeSet<u64>,
     next_order: u64,
@@ -147,12 +148,12 @@ impl RetransmitQueue {
 
     /// Whether `seq` is waiting for its acknowledgement.
     pub fn contains(&self, seq: u64) -> bool {
-        self.packets.contains_key(&seq)
+        self.packets.contains(seq)
     }
 
     /// The packet `seq`, if unacknowledged.
     pub fn get(&self, seq: u64) -> Option<&SentPacket> {
-        self.packets.get(&seq)
+        self.packets.get(seq)
     }
 
     /// Records the first transmission of `seq`, on `route`.
@@ -163,6 +164,12 @@ impl RetransmitQueue {
         now: Instant,
         route: usize,
     ) {
+        debug_assert!(
+            self.packets
+                .last()
+                .is_none_or(|(last, p)| last < seq && p.first_sent <= now),
+            "first transmissions go in sequence order at nondecreasing times"
+        );
         let order = self.bump_order();
         self.last_sent = Some(now);
         self.packets.insert(
@@ -216,7 +223,7 @@ impl RetransmitQueue {
         let mut latest: Option<Instant> = None;
         let mut latest_clean: Option<(u64, Instant)> = None;
         let mut take = |this: &mut Self, seq: u64| {
-            if let Some(p) = this.packets.remove(&seq) {
+            if let Some(p) = this.packets.remove(seq) {
                 this.due.remove(&seq);
                 on_event(QueueEvent::Acked(&p));
                 out.newly_acked += 1;
@@ -237,7 +244,7 @@ impl RetransmitQueue {
                 }
             }
         };
-        while let Some((&seq, _)) = self.packets.first_key_value() {
+        while let Some((seq, _)) = self.packets.first() {
             if seq > ack.cumulative {
                 break;
             }
@@ -280,11 +287,8 @@ impl RetransmitQueue {
         let Some(largest) = self.largest_acked_sent else {
             return;
         };
-        for (&seq, p) in &self.packets {
-            if p.last_sent < largest
-                && now.saturating_duration_since(p.last_sent) >= loss_delay(p)
-                && self.due.insert(seq)
-            {
+        for (seq, p) in sent_before(&self.packets, largest) {
+            if now.saturating_duration_since(p.last_sent) >= loss_delay(p) && self.due.insert(seq) {
                 on_event(QueueEvent::Lost(p));
             }
         }
@@ -294,7 +298,7 @@ impl RetransmitQueue {
     /// they are sent again at once, on other routes). Returns how many were newly marked.
     pub fn mark_route_due(&mut self, route: usize) -> usize {
         let mut marked = 0;
-        for (&seq, p) in &self.packets {
+        for (seq, p) in self.packets.iter() {
             if p.route == route && self.due.insert(seq) {
                 marked += 1;
             }
@@ -314,9 +318,8 @@ impl RetransmitQueue {
         loss_delay: impl Fn(&SentPacket) -> Duration,
     ) -> Option<Instant> {
         let largest = self.largest_acked_sent?;
-        self.packets
-            .iter()
-            .filter(|(seq, p)| p.last_sent < largest && !self.due.contains(seq))
+        sent_before(&self.packets, largest)
+            .filter(|(seq, _)| !self.due.contains(seq))
             .map(|(_, p)| p.last_sent + loss_delay(p))
             .min()
     }
@@ -324,7 +327,7 @@ impl RetransmitQueue {
     /// A NACK of `seq`: marks it due unless it was sent less than `nack_guard` ago. Returns
     /// whether it was marked.
     pub fn on_nack(&mut self, seq: u64, now: Instant, nack_guard: Duration) -> bool {
-        match self.packets.get(&seq) {
+        match self.packets.get(seq) {
             Some(p) if now.saturating_duration_since(p.last_sent) >= nack_guard => {
                 self.due.insert(seq)
             }
@@ -336,8 +339,8 @@ impl RetransmitQueue {
     /// or the latest ACK that acknowledged something, whichever is later (while ACKs make
     /// progress, loss detection finds losses and the timer stays quiet, RFC 6298 5.3).
     pub fn next_timeout(&self, rto: Duration, max_backoff: u32) -> Option<Instant> {
-        let (seq, p) = self.packets.first_key_value()?;
-        if self.due.contains(seq) {
+        let (seq, p) = self.packets.first()?;
+        if self.due.contains(&seq) {
             return None; // goes out at the next poll anyway
         }
         let from = self
@@ -352,9 +355,8 @@ impl RetransmitQueue {
     pub fn on_timeout(&mut self, now: Instant, rto: Duration, max_backoff: u32) -> Option<u64> {
         match self.next_timeout(rto, max_backoff) {
             Some(t) if t <= now => {
-                let mut entry = self.packets.first_entry()?;
-                let seq = *entry.key();
-                entry.get_mut().retries += 1;
+                let (seq, p) = self.packets.first_mut()?;
+                p.retries += 1;
                 self.retries_counted = true;
                 self.due.insert(seq);
                 Some(seq)
@@ -392,7 +394,7 @@ impl RetransmitQueue {
     ) -> Option<u64> {
         match self.next_tail_probe(pto, rto, max_backoff) {
             Some(t) if t <= now => {
-                let seq = *self.packets.last_key_value()?.0;
+                let seq = self.packets.last()?.0;
                 self.tail_probed = true;
                 self.probe = Some(seq);
                 self.due.insert(seq);
@@ -414,7 +416,7 @@ impl RetransmitQueue {
             let order = self.bump_order();
             let is_probe = self.probe.take_if(|&mut p| p == seq).is_some();
             // Due packets are always queued (ACKs remove both); skip one that is not.
-            let Some(p) = self.packets.get_mut(&seq) else {
+            let Some(p) = self.packets.get_mut(seq) else {
                 continue;
             };
             let previous_route = p.route;
@@ -440,6 +442,22 @@ impl RetransmitQueue {
     pub fn has_due(&self) -> bool {
         !self.due.is_empty()
     }
+}
+
+/// The packets last sent before `t`, lowest sequence number first.
+///
+/// Stops at the first packet sent only once at or after `t`: first transmissions go in
+/// sequence order at nondecreasing times ([`on_sent`](RetransmitQueue::on_sent)), so every packet
+/// after it was first sent, and so last sent, no earlier. With a window of packets in
+/// flight, an ACK then looks at the few sent before the acknowledged one, not at all.
+fn sent_before(
+    packets: &SeqSlots<SentPacket>,
+    t: Instant,
+) -> impl Iterator<Item = (u64, &SentPacket)> + '_ {
+    packets
+        .iter()
+        .take_while(move |(_, p)| p.retransmitted || p.last_sent < t)
+        .filter(move |(_, p)| p.last_sent < t)
 }
 
 /// `rto × 2^min(retries, max_backoff)`, saturating.

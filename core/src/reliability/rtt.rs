@@ -8,14 +8,24 @@ use std::time::Duration;
 /// retransmitted packet cannot tell which transmission it answers).
 #[derive(Clone, Debug)]
 pub struct RttEstimator {
-    srtt: Option<Duration>,
-    rttvar: Duration,
+    // Kept in nanoseconds: `Duration` arithmetic normalizes seconds and nanoseconds (with
+    // divisions) on every operation, and this runs for every ACK.
+    srtt: Option<u64>,
+    rttvar: u64,
     latest: Option<Duration>,
     min: Option<Duration>,
     initial_rto: Duration,
     min_rto: Duration,
     max_rto: Duration,
-    max_ack_delay: Duration,
+    max_ack_delay: u64,
+    /// [`rto`](Self::rto), computed when an input changes: timers ask for it several times per
+    /// packet, samples come once per ACK.
+    rto: Duration,
+}
+
+/// `d` in nanoseconds, saturating (585 years).
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 impl RttEstimator {
@@ -24,14 +34,32 @@ impl RttEstimator {
     pub fn new(initial_rto: Duration, min_rto: Duration, max_rto: Duration) -> Self {
         Self {
             srtt: None,
-            rttvar: Duration::ZERO,
+            rttvar: 0,
             latest: None,
             min: None,
             initial_rto,
             min_rto,
             max_rto,
-            max_ack_delay: Duration::ZERO,
+            max_ack_delay: 0,
+            rto: Duration::ZERO,
         }
+        .with_rto_computed()
+    }
+
+    fn with_rto_computed(mut self) -> Self {
+        self.compute_rto();
+        self
+    }
+
+    fn compute_rto(&mut self) {
+        let raw = match self.srtt {
+            None => self.initial_rto,
+            Some(srtt) => Duration::from_nanos(
+                srtt.saturating_add(self.rttvar.saturating_mul(4))
+                    .saturating_add(self.max_ack_delay),
+            ),
+        };
+        self.rto = raw.clamp(self.min_rto, self.max_rto.max(self.min_rto));
     }
 
     /// The same estimator, adding `max_ack_delay` (how long the peer may hold back an ACK) to
@@ -39,31 +67,34 @@ impl RttEstimator {
     /// reason for a timeout.
     pub fn with_max_ack_delay(self, max_ack_delay: Duration) -> Self {
         Self {
-            max_ack_delay,
+            max_ack_delay: nanos(max_ack_delay),
             ..self
         }
+        .with_rto_computed()
     }
 
     /// Adds one round-trip sample.
     pub fn on_sample(&mut self, rtt: Duration) {
         self.latest = Some(rtt);
         self.min = Some(self.min.map_or(rtt, |m| m.min(rtt)));
+        let r = nanos(rtt);
         match self.srtt {
             None => {
-                self.srtt = Some(rtt);
-                self.rttvar = rtt / 2;
+                self.srtt = Some(r);
+                self.rttvar = r / 2;
             }
             Some(srtt) => {
-                let diff = srtt.abs_diff(rtt);
-                self.rttvar = (self.rttvar * 3 + diff) / 4;
-                self.srtt = Some((srtt * 7 + rtt) / 8);
+                let diff = srtt.abs_diff(r);
+                self.rttvar = self.rttvar.saturating_mul(3).saturating_add(diff) / 4;
+                self.srtt = Some(srtt.saturating_mul(7).saturating_add(r) / 8);
             }
         }
+        self.compute_rto();
     }
 
     /// The smoothed round-trip time, once there is a sample.
     pub fn smoothed(&self) -> Option<Duration> {
-        self.srtt
+        self.srtt.map(Duration::from_nanos)
     }
 
     /// The most recent sample.
@@ -78,26 +109,24 @@ impl RttEstimator {
 
     /// The round-trip variation (`RTTVAR`).
     pub fn variation(&self) -> Duration {
-        self.rttvar
+        Duration::from_nanos(self.rttvar)
     }
 
     /// How long a packet sent before an acknowledged one may be out before it counts as lost
     /// (time-threshold loss detection, as RACK and QUIC): `max(9/8·max(SRTT, latest),
     /// SRTT + 4·RTTVAR)`, stretched by `stretch_quarters` quarters; `None` before any sample.
     pub fn loss_delay(&self, stretch_quarters: u32) -> Option<Duration> {
-        let (s, l) = (self.srtt?, self.latest?);
-        let base = (s.max(l) * 9 / 8).max(s + self.rttvar * 4);
-        Some(base * (4 + stretch_quarters) / 4)
+        let (s, l) = (self.srtt?, nanos(self.latest?));
+        let base =
+            (s.max(l).saturating_mul(9) / 8).max(s.saturating_add(self.rttvar.saturating_mul(4)));
+        let stretched = base.saturating_mul(4 + u64::from(stretch_quarters)) / 4;
+        Some(Duration::from_nanos(stretched))
     }
 
     /// The retransmission timeout: `SRTT + 4·RTTVAR + max ACK delay` clamped to
     /// `[min_rto, max_rto]`, or the initial RTO (clamped the same way) before any sample.
     pub fn rto(&self) -> Duration {
-        let raw = match self.srtt {
-            None => self.initial_rto,
-            Some(srtt) => srtt + self.rttvar * 4 + self.max_ack_delay,
-        };
-        raw.clamp(self.min_rto, self.max_rto.max(self.min_rto))
+        self.rto
     }
 }
 
