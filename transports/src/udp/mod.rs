@@ -11,7 +11,18 @@
 //!   A large payload the reliability layer holds until it is acknowledged
 //!   ([`Carrier::send_held`]) is not even copied into the kernel: it is spliced by reference
 //!   (`splice` module).
-//! * Receiving drains each socket until it would block. Datagrams up to
+//! * Each peer a route talks to gets a *lane* (up to [`UdpSettings::max_lanes`]): a socket
+//!   connected to that peer's route and bound to the route socket's own address and port
+//!   (`SO_REUSEPORT`), so peers see one address per route. Sends to the peer go on its lane
+//!   without a destination address, and the kernel hands the peer's datagrams to the lane:
+//!   no route lookup per datagram on either side (`socket` module). Datagrams from anyone
+//!   else arrive on the route socket.
+//! * One level-triggered epoll set watches every socket (`poller` module): a busy poll first
+//!   tries the lane that delivered last, then, every second empty try, asks the set about all
+//!   the others (one system call however many sockets); the tokio reactor watches the set for
+//!   a parked progress task. What a peer sent before its lane opened is read off the route
+//!   socket first, so nothing is reordered.
+//! * Receiving drains each ready socket until it would block. Datagrams up to
 //!   [`COPY_THRESHOLD`] bytes are copied out of a reused buffer; longer ones keep the buffer they
 //!   were received into, so large payloads are never copied in user space. Those buffers come
 //!   from a [`BufferPool`] and go back to it when the layers above drop the datagram (once its
@@ -26,11 +37,12 @@
 //!   only if it comes from an address that rank published.
 
 pub mod interfaces;
+pub(crate) mod poller;
 pub(crate) mod socket;
 pub(crate) mod splice;
 
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, RwLock};
 use std::task::{Context, Poll};
 
@@ -44,6 +56,8 @@ use rustc_hash::FxHashMap;
 
 use crate::chaos::ChaosCarrier;
 use crate::link::{FailedLookups, LinkTransport, LinkTransportConfig};
+
+use poller::ReadyPoller;
 
 pub use socket::RouteSocket;
 
@@ -71,6 +85,10 @@ pub struct UdpSettings {
     pub max_datagram: usize,
     /// Requested kernel send and receive buffer size per socket, in bytes.
     pub socket_buffer: usize,
+    /// Most peers per route that get a lane (a socket connected to them: see the `socket`
+    /// module); the others go through the route socket. Each lane is a descriptor (three
+    /// once it splices).
+    pub max_lanes: usize,
 }
 
 impl Default for UdpSettings {
@@ -79,6 +97,7 @@ impl Default for UdpSettings {
             routes: vec![IpAddr::from([127, 0, 0, 1])],
             max_datagram: DEFAULT_DATAGRAM,
             socket_buffer: 64 << 20,
+            max_lanes: DEFAULT_MAX_LANES,
         }
     }
 }
@@ -101,24 +120,95 @@ struct Discovery {
     failed: FailedLookups,
 }
 
-/// Where each peer's routes are, and who an address belongs to.
+/// Default of [`UdpSettings::max_lanes`].
+pub const DEFAULT_MAX_LANES: usize = 32;
+
+/// Where each peer's routes are, who an address belongs to, and the lanes to peers.
 #[derive(Default)]
 struct PeerTable {
     /// `addrs[rank][route]`.
     addrs: FxHashMap<u32, Box<[SocketAddr]>>,
     ranks: FxHashMap<SocketAddr, u32>,
+    /// By `(rank, route)`.
+    lanes: FxHashMap<(u32, usize), Lane>,
+}
+
+/// A peer's lane on one route.
+enum Lane {
+    /// Open, watched by the poller under `token`.
+    Open {
+        socket: Arc<RouteSocket>,
+        token: usize,
+    },
+    /// Not to be tried again (the route has its most lanes, or opening one failed): the
+    /// route socket serves this peer.
+    Refused,
+}
+
+/// The receiving side's state, behind one lock.
+#[derive(Default)]
+struct Receiving {
+    /// The buffer the next datagram is received into.
+    scratch: Vec<u8>,
+    /// The lane that delivered last: tried first, with a receive of its own, before asking
+    /// the poller (a ping-pong then costs one system call per poll, as on a plain socket).
+    hot: Option<Receiver>,
+    /// Receives from `hot` in a row that found nothing.
+    quiet: u32,
+    /// [`UdpCarrier::lanes_closed`] when `hot` was chosen: if a lane closed since, `hot` may
+    /// be it, and is dropped.
+    hot_since: u64,
+}
+
+/// Adds `r` to the sockets `poller` watches, under the next token; returns the token.
+fn watch(
+    poller: &ReadyPoller,
+    receivers: &mut Vec<Option<Receiver>>,
+    r: Receiver,
+) -> Result<usize, TransportError> {
+    let token = receivers.len();
+    poller
+        .add(r.socket.raw_fd(), token as u64)
+        .map_err(|e| TransportError::Io {
+            op: "watch UDP socket",
+            message: e.to_string(),
+        })?;
+    receivers.push(Some(r));
+    Ok(token)
+}
+
+/// After this many empty receives from the hot lane in a row, the poller is asked about the
+/// other sockets too: a datagram elsewhere (another peer, a stranger) waits at most that many
+/// polls.
+const ASK_POLLER_EVERY: u32 = 2;
+
+/// A socket the poller watches: a route socket (`peer: None`) or a lane.
+#[derive(Clone)]
+struct Receiver {
+    socket: Arc<RouteSocket>,
+    route: usize,
+    peer: Option<u32>,
 }
 
 /// One rank's UDP routes (see the [module docs](self)).
 pub struct UdpCarrier {
     rank: u32,
-    sockets: Vec<RouteSocket>,
+    /// The route sockets, in route order.
+    sockets: Vec<Arc<RouteSocket>>,
+    /// What the poller's tokens stand for: the route sockets first (token = route), then lanes
+    /// (`None` once a lane is closed).
+    receivers: RwLock<Vec<Option<Receiver>>>,
+    poller: ReadyPoller,
+    socket_buffer: usize,
+    max_lanes: usize,
+    /// Lanes closed so far (see [`Receiving::hot_since`]).
+    lanes_closed: AtomicU64,
     peers: RwLock<PeerTable>,
     max_datagram: usize,
     closed: AtomicBool,
     /// The buffer the next datagram is received into (`max_datagram + 1` bytes, so a longer
     /// datagram shows up as one byte too long instead of silently truncated).
-    scratch: Mutex<Vec<u8>>,
+    scratch: Mutex<Receiving>,
     /// Where `scratch` comes from, and goes back to once a large datagram is dropped.
     buffers: Arc<BufferPool>,
     discovery: Option<Discovery>,
@@ -138,15 +228,46 @@ impl UdpCarrier {
         let sockets = settings
             .routes
             .iter()
-            .map(|ip| RouteSocket::bind(SocketAddr::new(*ip, 0), settings.socket_buffer))
+            .map(|ip| {
+                RouteSocket::bind(SocketAddr::new(*ip, 0), settings.socket_buffer).map(Arc::new)
+            })
             .collect::<Result<Vec<_>, _>>()?;
+        // Registering with a runtime whose IO driver is disabled panics inside tokio; turn that
+        // into an error that says what to do.
+        let poller = std::panic::catch_unwind(ReadyPoller::new)
+            .map_err(|_| TransportError::Io {
+                op: "register UDP sockets",
+                message: "the tokio runtime has IO disabled (build it with enable_all())".into(),
+            })?
+            .map_err(|e| TransportError::Io {
+                op: "register UDP sockets",
+                message: e.to_string(),
+            })?;
+        let mut receivers = Vec::new();
+        for (route, socket) in sockets.iter().enumerate() {
+            let socket = Arc::clone(socket);
+            watch(
+                &poller,
+                &mut receivers,
+                Receiver {
+                    socket,
+                    route,
+                    peer: None,
+                },
+            )?;
+        }
         Ok(UdpCarrier {
             rank,
             sockets,
+            receivers: RwLock::new(receivers),
+            poller,
+            socket_buffer: settings.socket_buffer,
+            max_lanes: settings.max_lanes,
+            lanes_closed: AtomicU64::new(0),
             peers: RwLock::new(PeerTable::default()),
             max_datagram,
             closed: AtomicBool::new(false),
-            scratch: Mutex::new(Vec::new()),
+            scratch: Mutex::new(Receiving::default()),
             buffers: Arc::default(),
             discovery: None,
         })
@@ -179,7 +300,7 @@ impl UdpCarrier {
 
     /// The address of each route, in route order: what peers need to reach this rank.
     pub fn local_addrs(&self) -> Vec<SocketAddr> {
-        self.sockets.iter().map(RouteSocket::local_addr).collect()
+        self.sockets.iter().map(|s| s.local_addr()).collect()
     }
 
     /// Tells the carrier where rank `rank`'s routes are (one address per route, in route order).
@@ -190,10 +311,93 @@ impl UdpCarrier {
             for a in old.iter() {
                 t.ranks.remove(a);
             }
+            // Lanes are connected to the old addresses.
+            for route in 0..self.sockets.len() {
+                if let Some(Lane::Open { socket, token }) = t.lanes.remove(&(rank, route)) {
+                    self.close_lane(&socket, token);
+                }
+            }
         }
         for a in addrs {
             t.ranks.insert(*a, rank);
         }
+    }
+
+    /// The lane to `rank` on `route` (whose address is `addr`), opened now if it has none
+    /// yet and may have one; `None` if the route socket serves it.
+    fn lane(&self, rank: u32, route: usize, addr: SocketAddr) -> Option<Arc<RouteSocket>> {
+        {
+            // Usually decided already (every batch from a peer without a lane asks).
+            let t = self.peers.read().unwrap_or_else(|p| p.into_inner());
+            match t.lanes.get(&(rank, route)) {
+                Some(Lane::Open { socket, .. }) => return Some(Arc::clone(socket)),
+                Some(Lane::Refused) => return None,
+                None => {}
+            }
+        }
+        let mut t = self.peers.write().unwrap_or_else(|p| p.into_inner());
+        if t.addrs.get(&rank).and_then(|a| a.get(route)) != Some(&addr) {
+            return None; // not (or no longer) this rank's address
+        }
+        match t.lanes.get(&(rank, route)) {
+            Some(Lane::Open { socket, .. }) => return Some(Arc::clone(socket)),
+            Some(Lane::Refused) => return None,
+            None => {}
+        }
+        let open = t
+            .lanes
+            .iter()
+            .filter(|((_, r), l)| *r == route && matches!(l, Lane::Open { .. }))
+            .count();
+        let lane = if self.closed.load(Ordering::Relaxed) || open >= self.max_lanes {
+            Lane::Refused
+        } else {
+            match self.open_lane(rank, route, addr) {
+                Ok(lane) => lane,
+                Err(e) => {
+                    tracing::debug!(rank, route, error = %e, "no lane: the route socket serves this peer");
+                    Lane::Refused
+                }
+            }
+        };
+        let socket = match &lane {
+            Lane::Open { socket, .. } => Some(Arc::clone(socket)),
+            Lane::Refused => None,
+        };
+        t.lanes.insert((rank, route), lane);
+        socket
+    }
+
+    fn open_lane(&self, rank: u32, route: usize, addr: SocketAddr) -> Result<Lane, TransportError> {
+        let local = self.sockets[route].local_addr();
+        let socket = Arc::new(RouteSocket::lane(local, addr, self.socket_buffer)?);
+        let mut rx = self.receivers.write().unwrap_or_else(|p| p.into_inner());
+        let lane = Receiver {
+            socket: Arc::clone(&socket),
+            route,
+            peer: Some(rank),
+        };
+        let token = watch(&self.poller, &mut rx, lane)?;
+        Ok(Lane::Open { socket, token })
+    }
+
+    fn close_lane(&self, socket: &RouteSocket, token: usize) {
+        self.lanes_closed.fetch_add(1, Ordering::Release);
+        let _ = self.poller.remove(socket.raw_fd());
+        let mut rx = self.receivers.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(slot) = rx.get_mut(token) {
+            *slot = None;
+        }
+    }
+
+    /// Lanes open now.
+    #[cfg(test)]
+    pub(crate) fn lanes_open(&self) -> usize {
+        let t = self.peers.read().unwrap_or_else(|p| p.into_inner());
+        t.lanes
+            .values()
+            .filter(|l| matches!(l, Lane::Open { .. }))
+            .count()
     }
 
     fn peer_addr(&self, rank: u32, route: usize) -> Option<SocketAddr> {
@@ -260,13 +464,64 @@ impl UdpCarrier {
 }
 
 impl UdpCarrier {
-    /// The socket and peer address a `len`-byte datagram to `to` over `route` goes by.
+    /// Receives from `r` into `out` until it would block or `out` holds `limit` datagrams
+    /// (then returns `true`: more may wait). Datagrams a route socket receives from a known
+    /// peer add that peer to `lanes_wanted`.
+    fn recv_from(
+        &self,
+        st: &mut Receiving,
+        r: &Receiver,
+        out: &mut Vec<Datagram>,
+        limit: usize,
+        lanes_wanted: &mut Vec<(u32, usize, SocketAddr)>,
+    ) -> Result<bool, TransportError> {
+        loop {
+            if out.len() >= limit {
+                return Ok(true);
+            }
+            let cap = self.max_datagram + 1;
+            if st.scratch.capacity() < cap {
+                st.scratch = self.buffers.take(cap).ok_or_else(|| TransportError::Io {
+                    op: "UDP receive",
+                    message: format!("no memory for a {cap}-byte receive buffer"),
+                })?;
+            }
+            let Some((n, addr)) = r.socket.recv_into(&mut st.scratch, cap)? else {
+                return Ok(false);
+            };
+            let bytes = if n <= COPY_THRESHOLD {
+                let b = bytes::Bytes::copy_from_slice(&st.scratch[..n]);
+                st.scratch.clear();
+                b
+            } else {
+                self.buffers.freeze(std::mem::take(&mut st.scratch))
+            };
+            // A lane receives only from the address it is connected to.
+            let from = r.peer.or_else(|| {
+                let from = self.rank_of(&addr).or_else(|| self.identify(&addr, &bytes));
+                if let Some(rank) = from {
+                    if !lanes_wanted.iter().any(|w| w.0 == rank && w.1 == r.route) {
+                        lanes_wanted.push((rank, r.route, addr));
+                    }
+                }
+                from
+            });
+            out.push(Datagram {
+                route: r.route,
+                from,
+                bytes,
+            });
+        }
+    }
+
+    /// The socket and peer address a `len`-byte datagram to `to` over `route` goes by: the
+    /// peer's lane (opened on first use), else the route socket.
     fn destination(
         &self,
         route: usize,
         to: u32,
         len: usize,
-    ) -> Result<(&RouteSocket, SocketAddr), TransportError> {
+    ) -> Result<(Arc<RouteSocket>, SocketAddr), TransportError> {
         if self.closed.load(Ordering::Relaxed) {
             return Err(TransportError::Closed);
         }
@@ -279,14 +534,28 @@ impl UdpCarrier {
         let Some(socket) = self.sockets.get(route) else {
             return Err(TransportError::PeerUnreachable(to as usize));
         };
-        let addr = match self.peer_addr(to, route) {
-            Some(a) => a,
-            None if !self.knows(to) && self.discover(to) => self
-                .peer_addr(to, route)
-                .ok_or(TransportError::PeerUnreachable(to as usize))?,
+        let found = {
+            let t = self.peers.read().unwrap_or_else(|p| p.into_inner());
+            t.addrs.get(&to).and_then(|a| a.get(route)).map(|&addr| {
+                let lane = match t.lanes.get(&(to, route)) {
+                    Some(Lane::Open { socket, .. }) => Some(Some(Arc::clone(socket))),
+                    Some(Lane::Refused) => Some(None),
+                    None => None,
+                };
+                (addr, lane)
+            })
+        };
+        let (addr, lane) = match found {
+            Some(f) => f,
+            None if !self.knows(to) && self.discover(to) => (
+                self.peer_addr(to, route)
+                    .ok_or(TransportError::PeerUnreachable(to as usize))?,
+                None,
+            ),
             None => return Err(TransportError::PeerUnreachable(to as usize)),
         };
-        Ok((socket, addr))
+        let lane = lane.unwrap_or_else(|| self.lane(to, route, addr));
+        Ok((lane.unwrap_or_else(|| Arc::clone(socket)), addr))
     }
 }
 
@@ -326,54 +595,74 @@ impl Carrier for UdpCarrier {
         out: &mut Vec<Datagram>,
         max: usize,
     ) -> Result<(usize, bool), TransportError> {
-        if self.closed.load(Ordering::Relaxed) {
-            return Ok((0, false));
+        if self.closed.load(Ordering::Relaxed) || max == 0 {
+            return Ok((0, max == 0));
         }
         let before = out.len();
-        let mut scratch = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
-        for (route, socket) in self.sockets.iter().enumerate() {
-            loop {
-                if out.len() - before >= max {
-                    return Ok((out.len() - before, true));
-                }
-                let cap = self.max_datagram + 1;
-                if scratch.capacity() < cap {
-                    *scratch = self.buffers.take(cap).ok_or_else(|| TransportError::Io {
-                        op: "UDP receive",
-                        message: format!("no memory for a {cap}-byte receive buffer"),
-                    })?;
-                }
-                let Some((n, addr)) = socket.recv_into(&mut scratch, cap)? else {
-                    break;
-                };
-                let bytes = if n <= COPY_THRESHOLD {
-                    let b = bytes::Bytes::copy_from_slice(&scratch[..n]);
-                    scratch.clear();
-                    b
-                } else {
-                    self.buffers.freeze(std::mem::take(&mut *scratch))
-                };
-                let from = self.rank_of(&addr).or_else(|| self.identify(&addr, &bytes));
-                out.push(Datagram { route, from, bytes });
+        let mut st = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
+        if st.hot.is_some() && self.lanes_closed.load(Ordering::Acquire) != st.hot_since {
+            st.hot = None;
+        }
+        if let Some(hot) = st.hot.clone() {
+            let more = self.recv_from(&mut st, &hot, out, before + max, &mut Vec::new())?;
+            if out.len() > before {
+                st.quiet = 0;
+                return Ok((out.len() - before, more));
+            }
+            st.quiet += 1;
+            if st.quiet % ASK_POLLER_EVERY != 0 {
+                return Ok((0, false));
             }
         }
-        Ok((out.len() - before, false))
+        let mut tokens = [0u64; 16];
+        let ready = self
+            .poller
+            .ready(&mut tokens)
+            .map_err(|e| TransportError::Io {
+                op: "UDP readiness",
+                message: e.to_string(),
+            })?;
+        if ready == 0 {
+            return Ok((0, false));
+        }
+        // Route sockets (the lowest tokens) first: when a lane opens, what its peer sent before
+        // is still queued on the route socket, and must be read before what the lane gets.
+        tokens[..ready].sort_unstable();
+        let sockets: Vec<Receiver> = {
+            let rx = self.receivers.read().unwrap_or_else(|p| p.into_inner());
+            tokens[..ready]
+                .iter()
+                .filter_map(|&t| rx.get(t as usize).cloned().flatten())
+                .collect()
+        };
+        let mut lanes_wanted = Vec::new();
+        let mut more = ready == tokens.len();
+        for r in &sockets {
+            let got = out.len();
+            more |= self.recv_from(&mut st, r, out, before + max, &mut lanes_wanted)?;
+            // A lane becomes the hot one only while no route socket had anything: what came
+            // before it opened has been read by then.
+            if out.len() > got && r.peer.is_some() && sockets.iter().all(|s| s.peer.is_some()) {
+                st.hot = Some(r.clone());
+                st.quiet = 0;
+                st.hot_since = self.lanes_closed.load(Ordering::Acquire);
+            }
+            if more {
+                break;
+            }
+        }
+        drop(st);
+        for (rank, route, addr) in lanes_wanted {
+            self.lane(rank, route, addr);
+        }
+        Ok((out.len() - before, more))
     }
 
     fn poll_recv_ready(&self, cx: &mut Context<'_>) -> Poll<()> {
         if self.closed.load(Ordering::Relaxed) {
             return Poll::Pending;
         }
-        let mut ready = false;
-        for s in &self.sockets {
-            // Poll every socket, so each one has our waker registered.
-            ready |= s.poll_readable(cx).is_ready();
-        }
-        if ready {
-            Poll::Ready(())
-        } else {
-            Poll::Pending
-        }
+        self.poller.poll_ready(cx)
     }
 
     fn close(&self) {

@@ -1,23 +1,33 @@
-//! One route's socket: set-up, gathered and spliced sends, receives into caller buffers,
-//! readiness.
+//! One route's socket: set-up, gathered and spliced sends, receives into caller buffers.
+//!
+//! A route has one socket bound to its address (the *route socket*) and, per peer it talks to,
+//! possibly a *lane*: a socket bound to the same address and port (`SO_REUSEPORT`) and
+//! connected to that peer's route. The kernel hands a datagram to the socket that matches it
+//! best, so everything that peer sends arrives on its lane, found by the connection lookup
+//! before routing (early demultiplexing) instead of a route lookup and a wildcard socket lookup
+//! per datagram: measured here, a busy-polling 1-byte ping-pong takes 3.0 µs one way between
+//! connected sockets and 3.5 µs between unconnected ones. Datagrams from anyone else (a peer
+//! without a lane yet, a stranger) still arrive on the route socket.
 
 use std::io::{self, IoSlice};
 use std::net::SocketAddr;
-use std::os::fd::AsRawFd;
-use std::task::{Context, Poll};
+use std::os::fd::{AsRawFd, RawFd};
 
 use rankweave_core::TransportError;
 use socket2::{Domain, Protocol, SockAddr, SockRef, Socket, Type};
-use tokio::net::UdpSocket;
 
 use super::splice::{SPLICE_MIN, SpliceError, SplicePipe, segmentable};
 
-/// A non-blocking UDP socket registered with the tokio reactor (for parking only: sends and
-/// receives are direct system calls, so busy-polling never depends on the reactor running).
+/// A non-blocking UDP socket: a route socket or a lane (a socket connected to one peer's
+/// route, sharing the route socket's port). Sends and receives are direct system calls;
+/// readiness is watched by the carrier's epoll set, not per socket.
 #[derive(Debug)]
 pub struct RouteSocket {
-    socket: UdpSocket,
+    socket: Socket,
     local: SocketAddr,
+    /// The peer a lane is connected to: sends to it go without an address, so the kernel
+    /// uses the route it keeps for the connection instead of looking one up per datagram.
+    connected: Option<SocketAddr>,
     splicing: std::sync::Mutex<Pipe>,
 }
 
@@ -29,37 +39,66 @@ fn io_error(op: &'static str, e: io::Error) -> TransportError {
 }
 
 impl RouteSocket {
-    /// Binds a socket at `addr` (port 0: an ephemeral port) with `buffer` bytes of kernel send
-    /// and receive buffer (forced past the system limit when permitted).
+    /// Binds a route socket at `addr` (port 0: an ephemeral port) with `buffer` bytes of
+    /// kernel send and receive buffer (forced past the system limit when permitted).
     pub fn bind(addr: SocketAddr, buffer: usize) -> Result<RouteSocket, TransportError> {
-        let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))
-            .map_err(|e| io_error("create UDP socket", e))?;
-        socket
-            .set_nonblocking(true)
-            .map_err(|e| io_error("set UDP socket non-blocking", e))?;
-        set_buffers(&socket, buffer);
+        let socket = new_socket(addr, buffer)?;
         socket
             .bind(&SockAddr::from(addr))
             .map_err(|e| io_error("bind UDP socket", e))?;
+        // Lanes join this port later. Allowed only now that the port is chosen: a socket that
+        // asks for an ephemeral port with `SO_REUSEPORT` already set may be given a port whose
+        // holders all have it set too (same user), and would then share this one.
+        socket
+            .set_reuse_port(true)
+            .map_err(|e| io_error("set SO_REUSEPORT", e))?;
+        RouteSocket::finish(socket)
+    }
+
+    /// A lane: a socket bound to `local` (a route socket's address) and connected to `peer`,
+    /// which then receives every datagram `peer` sends to `local`.
+    pub fn lane(
+        local: SocketAddr,
+        peer: SocketAddr,
+        buffer: usize,
+    ) -> Result<RouteSocket, TransportError> {
+        let socket = new_socket(local, buffer)?;
+        socket
+            .set_reuse_port(true)
+            .map_err(|e| io_error("set SO_REUSEPORT", e))?;
+        socket
+            .bind(&SockAddr::from(local))
+            .map_err(|e| io_error("bind UDP lane", e))?;
+        socket
+            .connect(&SockAddr::from(peer))
+            .map_err(|e| io_error("connect UDP lane", e))?;
+        let mut lane = RouteSocket::finish(socket)?;
+        lane.connected = Some(peer);
+        Ok(lane)
+    }
+
+    fn finish(socket: Socket) -> Result<RouteSocket, TransportError> {
         let local = socket
             .local_addr()
             .ok()
             .and_then(|a| a.as_socket())
             .ok_or_else(|| io_error("read UDP socket address", io::ErrorKind::Other.into()))?;
-        // Registering with a runtime whose IO driver is disabled panics inside tokio; turn that
-        // into an error that says what to do.
-        let std_socket: std::net::UdpSocket = socket.into();
-        let socket = std::panic::catch_unwind(move || UdpSocket::from_std(std_socket))
-            .map_err(|_| TransportError::Io {
-                op: "register UDP socket",
-                message: "the tokio runtime has IO disabled (build it with enable_all())".into(),
-            })?
-            .map_err(|e| io_error("register UDP socket", e))?;
         Ok(RouteSocket {
             socket,
             local,
+            connected: None,
             splicing: std::sync::Mutex::new(Pipe::Untried),
         })
+    }
+
+    /// The address to put on a datagram to `to`: none if this is a lane connected to it.
+    fn address_for<'a>(&self, to: &'a SockAddr) -> Option<&'a SockAddr> {
+        (self.connected.is_none() || self.connected != to.as_socket()).then_some(to)
+    }
+
+    /// The descriptor, for the readiness poller.
+    pub(crate) fn raw_fd(&self) -> RawFd {
+        self.socket.as_raw_fd()
     }
 
     /// The bound address.
@@ -100,7 +139,8 @@ impl RouteSocket {
             if let (Pipe::Ready(pipe), true) = (&*sending, segmentable(held)) {
                 let sent = with_io_slices(parts, None, |head| {
                     let socket = SockRef::from(&self.socket);
-                    pipe.send(&socket, head, held, &SockAddr::from(to))
+                    let to = SockAddr::from(to);
+                    pipe.send(&socket, head, held, self.address_for(&to))
                 });
                 match sent {
                     Ok(()) => return Ok(()),
@@ -145,7 +185,12 @@ impl RouteSocket {
         to: SocketAddr,
     ) -> Result<(), TransportError> {
         with_io_slices(parts, last, |bufs| {
-            SockRef::from(&self.socket).send_to_vectored(bufs, &SockAddr::from(to))
+            let socket = SockRef::from(&self.socket);
+            if self.connected == Some(to) {
+                socket.send_vectored(bufs)
+            } else {
+                socket.send_to_vectored(bufs, &SockAddr::from(to))
+            }
         })
         .map(|_| ())
         .map_err(|e| io_error("UDP send", e))
@@ -182,16 +227,6 @@ impl RouteSocket {
                 Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => continue,
                 Err(e) => return Err(io_error("UDP receive", e)),
             }
-        }
-    }
-
-    /// `Ready` if a datagram is waiting; otherwise registers the waker with the reactor.
-    pub fn poll_readable(&self, cx: &mut Context<'_>) -> Poll<()> {
-        // Peeking clears the reactor's stale readiness when nothing is there (we receive with
-        // direct system calls the reactor does not see), so this never spins on old events.
-        match self.socket.poll_peek_sender(cx) {
-            Poll::Ready(_) => Poll::Ready(()),
-            Poll::Pending => Poll::Pending,
         }
     }
 }
@@ -234,6 +269,17 @@ enum Pipe {
     Ready(SplicePipe),
     /// Not available here: large payloads are copied.
     Off,
+}
+
+/// A non-blocking UDP socket for `addr`'s family with `buffer`-byte kernel buffers.
+fn new_socket(addr: SocketAddr, buffer: usize) -> Result<Socket, TransportError> {
+    let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))
+        .map_err(|e| io_error("create UDP socket", e))?;
+    socket
+        .set_nonblocking(true)
+        .map_err(|e| io_error("set UDP socket non-blocking", e))?;
+    set_buffers(&socket, buffer);
+    Ok(socket)
 }
 
 /// Asks for `size`-byte kernel buffers, first past the system limits (root only), then within.

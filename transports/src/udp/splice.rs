@@ -76,7 +76,7 @@ impl SplicePipe {
         socket: &socket2::SockRef<'_>,
         head: &[io::IoSlice<'_>],
         payload: &[u8],
-        to: &socket2::SockAddr,
+        to: Option<&socket2::SockAddr>,
     ) -> Result<(), SpliceError> {
         let iov = libc::iovec {
             iov_base: payload.as_ptr().cast_mut().cast(),
@@ -99,9 +99,12 @@ impl SplicePipe {
         let len = head.iter().map(|h| h.len()).sum::<usize>() + payload.len();
         let control = SegmentControl::new(len);
         let msg = socket2::MsgHdr::new()
-            .with_addr(to)
             .with_buffers(head)
             .with_control(control.as_bytes());
+        let msg = match to {
+            Some(to) => msg.with_addr(to),
+            None => msg, // a connected socket
+        };
         socket
             .sendmsg(&msg, libc::MSG_MORE)
             .map_err(SpliceError::Failed)?;

@@ -135,8 +135,9 @@ async fn held_payloads_arrive_intact_at_any_alignment_and_nothing_stays_corked()
             );
             assert_eq!(&got[1].bytes[..], b"next");
         }
+        let (used, _) = a.destination(0, 1, 0).unwrap();
         assert_eq!(
-            a.sockets[0].splices(),
+            used.splices(),
             ip.is_ipv4(),
             "{ip}: large payloads are spliced over IPv4 (and copied over IPv6)"
         );
@@ -383,4 +384,86 @@ fn a_default_data_fragment_can_always_be_sent_segmented() {
         !splice::segmentable(&memory[at..at + payload + 2]),
         "two bytes more from the end of a page span 16 pages"
     );
+}
+
+#[tokio::test]
+async fn a_peers_datagrams_move_to_its_lane_without_reordering() {
+    let (a, b) = pair();
+    for i in 0..3u8 {
+        a.send(0, 1, &[&[i]]).unwrap();
+    }
+    assert_eq!(a.lanes_open(), 1, "the first send opened a lane to b");
+    // b has no lane yet: these wait on its route socket. Taking one makes b open a lane to a.
+    let mut out = Vec::new();
+    let until = Instant::now() + Duration::from_secs(5);
+    while out.is_empty() && Instant::now() < until {
+        b.recv_up_to(&mut out, 1).unwrap();
+    }
+    assert_eq!(b.lanes_open(), 1, "a known peer heard from gets a lane");
+    for i in 3..6u8 {
+        a.send(0, 1, &[&[i]]).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(20));
+    out.extend(recv_n(&b, 5));
+    let got: Vec<u8> = out.iter().map(|d| d.bytes[0]).collect();
+    assert_eq!(got, [0, 1, 2, 3, 4, 5], "in order across the move");
+    assert!(out.iter().all(|d| d.from == Some(0) && d.route == 0));
+    // The lane, not the route socket, gets what a sends now; a stranger still reaches the
+    // route socket and stays a stranger.
+    a.send(0, 1, &[b"lane"]).unwrap();
+    let stranger = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    stranger.send_to(b"who", b.local_addrs()[0]).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    let mut buf = Vec::new();
+    let (n, from) = b.sockets[0].recv_into(&mut buf, 100).unwrap().unwrap();
+    assert_eq!(
+        (&buf[..n], from),
+        (&b"who"[..], stranger.local_addr().unwrap())
+    );
+    assert_eq!(b.sockets[0].recv_into(&mut buf, 100).unwrap(), None);
+    let got = recv_n(&b, 1);
+    assert_eq!((&got[0].bytes[..], got[0].from), (&b"lane"[..], Some(0)));
+}
+
+#[tokio::test]
+async fn lanes_stop_at_the_limit_and_the_route_socket_serves_the_rest() {
+    let s = UdpSettings {
+        max_lanes: 1,
+        ..UdpSettings::default()
+    };
+    let c: Vec<UdpCarrier> = (0..3).map(|r| UdpCarrier::bind(r, &s).unwrap()).collect();
+    for (i, x) in c.iter().enumerate() {
+        for (j, y) in c.iter().enumerate() {
+            if i != j {
+                x.add_peer(j as u32, &y.local_addrs());
+            }
+        }
+    }
+    c[0].send(0, 1, &[b"to 1"]).unwrap();
+    c[0].send(0, 2, &[b"to 2"]).unwrap();
+    assert_eq!(c[0].lanes_open(), 1);
+    for r in [1, 2] {
+        let got = recv_n(&c[r], 1);
+        assert_eq!(got[0].from, Some(0));
+        c[r].send(0, 0, &[&[r as u8]]).unwrap();
+    }
+    let mut from: Vec<_> = recv_n(&c[0], 2).iter().map(|d| d.from).collect();
+    from.sort();
+    assert_eq!(from, [Some(1), Some(2)], "with and without a lane");
+    assert_eq!(c[0].lanes_open(), 1);
+}
+
+#[tokio::test]
+async fn a_peer_that_moves_gets_a_new_lane() {
+    let (a, _b) = pair();
+    a.send(0, 1, &[b"old"]).unwrap();
+    assert_eq!(a.lanes_open(), 1);
+    let moved = UdpCarrier::bind(1, &UdpSettings::default()).unwrap();
+    moved.add_peer(0, &a.local_addrs());
+    a.add_peer(1, &moved.local_addrs());
+    assert_eq!(a.lanes_open(), 0, "the lane to the old address is closed");
+    a.send(0, 1, &[b"new"]).unwrap();
+    assert_eq!(a.lanes_open(), 1);
+    let got = recv_n(&moved, 1);
+    assert_eq!((&got[0].bytes[..], got[0].from), (&b"new"[..], Some(0)));
 }
