@@ -42,7 +42,7 @@ struct Plan {
 
 impl Plan {
     fn latency_iters(&self, size: usize) -> usize {
-        let base = if self.quick { 200 } else { 5000 };
+        let base = if self.quick { 200 } else { 20_000 };
         if size >= 1 << 20 {
             base / 50
         } else if size >= 64 << 10 {

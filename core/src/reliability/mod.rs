@@ -45,11 +45,14 @@
 //!   packets its application has not taken yet): a slow receiver is not flooded. When the peer's
 //!   window is closed and nothing is in flight, one packet goes out anyway as a window probe; it
 //!   is retransmitted on the usual timer and the answering ACK reopens the window.
-//! * **Acknowledgements.** The receiver acknowledges after every
+//! * **Acknowledgements.** The receiver acknowledges
+//!   [`ack_hold`](LinkConfig::ack_hold) (20 µs) after every
 //!   [`ack_frequency`](LinkConfig::ack_frequency) in-order DATA packets or
 //!   [`ack_delay`](LinkConfig::ack_delay) after the first unacknowledged one, whichever comes
 //!   first, and at once after an out-of-order packet, a duplicate, a packet beyond the window or
-//!   a corrupted packet (which it NACKs). An ACK carries the highest in-order sequence number,
+//!   a corrupted packet (which it NACKs). The hold lets a reply carry the ACK (below): without
+//!   it a request of two packets or more was answered by a standalone ACK first, one more
+//!   datagram on the critical path of every such exchange. An ACK carries the highest in-order sequence number,
 //!   a bitmap of those received beyond it, and the window end.
 //! * **Piggybacking.** Every DATA packet carries the sender's current cumulative ACK and window
 //!   end for the reverse direction, and the receiver processes them as a cumulative ACK. A DATA
@@ -136,8 +139,15 @@ pub struct LinkConfig {
     /// noticed even with nothing in flight. Default `None` (off); transports turn it on with
     /// [`with_peer_timeout`](Self::with_peer_timeout).
     pub keepalive: Option<Duration>,
-    /// Send an ACK after this many in-order DATA packets. Default 2; 1 acknowledges every packet.
+    /// Send an ACK after this many in-order DATA packets (at most
+    /// [`ack_hold`](Self::ack_hold) later). Default 2; 1 acknowledges every packet.
     pub ack_frequency: u32,
+    /// How long an ACK that [`ack_frequency`](Self::ack_frequency) made due waits for a DATA
+    /// packet going the other way to carry it. In a request and its reply (a ping-pong of
+    /// messages of several packets, a rendezvous) the reply then carries the ACK instead of a
+    /// standalone ACK going out first, on the critical path; a stream in one direction gets
+    /// its ACKs this much later. Default 20 µs; zero sends the ACK at once.
+    pub ack_hold: Duration,
     /// Send an ACK at the latest this long after an unacknowledged DATA packet arrived.
     /// Default 500 µs.
     pub ack_delay: Duration,
@@ -178,6 +188,7 @@ impl Default for LinkConfig {
             peer_timeout: Duration::from_secs(5),
             keepalive: None,
             ack_frequency: 2,
+            ack_hold: Duration::from_micros(20),
             ack_delay: Duration::from_micros(500),
             stripe_threshold: 8 * 1024,
             route_strikes: 3,
@@ -573,7 +584,11 @@ impl ReliableLink {
         match self.received.on_data(seq, payload) {
             Arrival::InOrder => {
                 self.ack.pending += 1;
-                self.ack.deadline.get_or_insert(now + self.config.ack_delay);
+                let mut deadline = self.ack.deadline.unwrap_or(now + self.config.ack_delay);
+                if self.ack.pending >= self.config.ack_frequency.max(1) {
+                    deadline = deadline.min(now + self.config.ack_hold);
+                }
+                self.ack.deadline = Some(deadline);
             }
             Arrival::OutOfOrder => self.ack.immediate = true,
             Arrival::Duplicate => {
@@ -668,9 +683,7 @@ impl ReliableLink {
     }
 
     fn delayed_ack_due(&self, now: Instant) -> bool {
-        self.ack.window_update
-            || self.ack.pending >= self.config.ack_frequency.max(1)
-            || self.ack.deadline.is_some_and(|d| d <= now)
+        self.ack.window_update || self.ack.deadline.is_some_and(|d| d <= now)
     }
 
     fn transmit(&mut self, route: usize, body: PacketBody) -> Transmit {

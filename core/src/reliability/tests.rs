@@ -810,7 +810,7 @@ fn delayed_ack_fires_after_ack_delay() {
     a.handle_packet(later, ack.route, ack.packet);
     assert!(a.is_idle());
     assert_eq!(a.rtt().smoothed(), Some(config.ack_delay));
-    // Two packets: ACK at once (ack frequency 2).
+    // Two packets (ack frequency 2): the ACK is due after the short hold, not the delay.
     a.send(later, Bytes::from_static(b"two"));
     a.send(later, Bytes::from_static(b"three"));
     let p2 = a.poll_transmit(later).unwrap();
@@ -818,7 +818,43 @@ fn delayed_ack_fires_after_ack_delay() {
     b.handle_packet(later, 0, p2.packet);
     assert!(b.poll_transmit(later).is_none());
     b.handle_packet(later, 0, p3.packet);
-    assert!(b.poll_transmit(later).is_some());
+    assert!(
+        b.poll_transmit(later).is_none(),
+        "held for a reply to carry it"
+    );
+    let held = later + config.ack_hold;
+    assert_eq!(b.poll_timeout(), Some(held));
+    b.handle_timeout(held);
+    assert!(matches!(
+        b.poll_transmit(held).unwrap().packet.body,
+        PacketBody::Ack(AckInfo { cumulative: 3, .. })
+    ));
+}
+
+#[test]
+fn a_reply_within_the_hold_carries_the_ack_that_two_packets_made_due() {
+    let t0 = Instant::now();
+    let (mut a, mut b) = pair(1);
+    for p in [&b"request, part 1"[..], b"request, part 2"] {
+        a.send(t0, Bytes::from_static(p));
+    }
+    for t in std::iter::from_fn(|| a.poll_transmit(t0)).collect::<Vec<_>>() {
+        b.handle_packet(t0, t.route, t.packet);
+    }
+    while b.poll_deliver().is_some() {}
+    // The application answers at once: its DATA packet acknowledges both, and no standalone
+    // ACK goes out before it, then or later.
+    let t1 = t0 + US;
+    b.send(t1, Bytes::from_static(b"reply"));
+    let reply = b.poll_transmit(t1).unwrap();
+    assert!(matches!(reply.packet.body, PacketBody::Data { ack: 2, .. }));
+    assert!(b.poll_transmit(t1).is_none());
+    a.handle_packet(t1, reply.route, reply.packet);
+    assert!(a.is_idle(), "both request packets acknowledged");
+    let late = t1 + LinkConfig::default().ack_hold * 2;
+    b.handle_timeout(late);
+    assert!(b.poll_transmit(late).is_none(), "no ACK left to send");
+    assert_eq!(b.stats().acks_sent, 0);
 }
 
 #[test]
@@ -831,13 +867,16 @@ fn a_lost_tail_packet_is_probed_after_two_round_trips_not_the_minimum_rto() {
     }
     let sent: Vec<_> = std::iter::from_fn(|| a.poll_transmit(t0)).collect();
     assert_eq!(sent.len(), 3);
-    // The first two arrive (their ACK goes at once: ack frequency 2); the tail is lost.
+    // The first two arrive (their ACK goes after the short hold: ack frequency 2); the tail
+    // is lost.
     let t1 = t0 + 20 * US;
     for t in &sent[..2] {
         b.handle_packet(t1, 0, t.packet.clone());
     }
-    let ack = b.poll_transmit(t1).expect("ACK of two packets");
-    let t2 = t1 + 20 * US;
+    let held = t1 + config.ack_hold;
+    b.handle_timeout(held);
+    let ack = b.poll_transmit(held).expect("ACK of two packets");
+    let t2 = held + 20 * US;
     a.handle_packet(t2, 0, ack.packet);
     let srtt = a.rtt().smoothed().expect("an RTT sample");
     // Nothing more comes: the probe is due two round trips plus the ACK delay later, well
