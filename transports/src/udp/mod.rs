@@ -155,6 +155,8 @@ struct Receiving {
     hot: Option<Receiver>,
     /// Receives from `hot` in a row that found nothing.
     quiet: u32,
+    /// Receives from `hot` in a row that found something.
+    hot_streak: u32,
     /// [`UdpCarrier::lanes_closed`] when `hot` was chosen: if a lane closed since, `hot` may
     /// be it, and is dropped.
     hot_since: u64,
@@ -181,6 +183,14 @@ fn watch(
 /// other sockets too: a datagram elsewhere (another peer, a stranger) waits at most that many
 /// polls.
 const ASK_POLLER_EVERY: u32 = 2;
+
+/// After this many receives from the hot lane in a row that found something, the poller is
+/// asked too: a peer streaming into its lane does not starve the others.
+const HOT_STREAK: u32 = 2;
+
+/// Most datagrams taken from one socket per receive: with several sockets ready, each gets a
+/// turn (a socket filled faster than it is read would otherwise hold the others up).
+const PER_SOCKET: usize = 8;
 
 /// A socket the poller watches: a route socket (`peer: None`) or a lane.
 #[derive(Clone)]
@@ -599,21 +609,25 @@ impl Carrier for UdpCarrier {
             return Ok((0, max == 0));
         }
         let before = out.len();
+        let end = before.saturating_add(max);
         let mut st = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
         if st.hot.is_some() && self.lanes_closed.load(Ordering::Acquire) != st.hot_since {
             st.hot = None;
         }
-        if let Some(hot) = st.hot.clone() {
-            let more = self.recv_from(&mut st, &hot, out, before + max, &mut Vec::new())?;
+        if let (Some(hot), true) = (st.hot.clone(), st.hot_streak < HOT_STREAK) {
+            let limit = end.min(before + PER_SOCKET);
+            let stopped = self.recv_from(&mut st, &hot, out, limit, &mut Vec::new())?;
             if out.len() > before {
                 st.quiet = 0;
-                return Ok((out.len() - before, more));
+                st.hot_streak += 1;
+                return Ok((out.len() - before, stopped));
             }
             st.quiet += 1;
             if st.quiet % ASK_POLLER_EVERY != 0 {
                 return Ok((0, false));
             }
         }
+        st.hot_streak = 0;
         let mut tokens = [0u64; 16];
         let ready = self
             .poller
@@ -639,7 +653,8 @@ impl Carrier for UdpCarrier {
         let mut more = ready == tokens.len();
         for r in &sockets {
             let got = out.len();
-            more |= self.recv_from(&mut st, r, out, before + max, &mut lanes_wanted)?;
+            let limit = end.min(got + PER_SOCKET);
+            more |= self.recv_from(&mut st, r, out, limit, &mut lanes_wanted)?;
             // A lane becomes the hot one only while no route socket had anything: what came
             // before it opened has been read by then.
             if out.len() > got && r.peer.is_some() && sockets.iter().all(|s| s.peer.is_some()) {
@@ -647,7 +662,7 @@ impl Carrier for UdpCarrier {
                 st.quiet = 0;
                 st.hot_since = self.lanes_closed.load(Ordering::Acquire);
             }
-            if more {
+            if out.len() >= end {
                 break;
             }
         }

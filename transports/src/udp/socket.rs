@@ -208,9 +208,15 @@ impl RouteSocket {
         buf.reserve(cap);
         loop {
             let spare = &mut buf.spare_capacity_mut()[..cap];
-            match SockRef::from(&self.socket).recv_from(spare) {
+            let socket = SockRef::from(&self.socket);
+            // A lane hears only from its peer: no need to have the kernel write the address.
+            let received = match self.connected {
+                Some(peer) => socket.recv(spare).map(|n| (n, SockAddr::from(peer))),
+                None => socket.recv_from(spare),
+            };
+            match received {
                 Ok((n, from)) => {
-                    // SAFETY: `recv_from` initialised the first `n` bytes of the spare
+                    // SAFETY: `recv`/`recv_from` initialised the first `n` bytes of the spare
                     // capacity, and `n <= cap <= spare capacity`.
                     unsafe { buf.set_len(n) };
                     let Some(from) = from.as_socket() else {

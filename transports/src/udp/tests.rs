@@ -467,3 +467,40 @@ async fn a_peer_that_moves_gets_a_new_lane() {
     let got = recv_n(&moved, 1);
     assert_eq!((&got[0].bytes[..], got[0].from), (&b"new"[..], Some(0)));
 }
+
+#[tokio::test]
+async fn a_peer_streaming_into_its_lane_does_not_starve_the_others() {
+    let c: Vec<UdpCarrier> = (0..3)
+        .map(|r| UdpCarrier::bind(r, &UdpSettings::default()).unwrap())
+        .collect();
+    for (i, x) in c.iter().enumerate() {
+        for (j, y) in c.iter().enumerate() {
+            if i != j {
+                x.add_peer(j as u32, &y.local_addrs());
+            }
+        }
+    }
+    // Rank 0's datagrams reach rank 2 on a lane, which becomes the one tried first.
+    for _ in 0..2 {
+        c[0].send(0, 2, &[b"warm"]).unwrap();
+        assert_eq!(recv_n(&c[2], 1).len(), 1);
+    }
+    for i in 0..40u8 {
+        c[0].send(0, 2, &[&[i]]).unwrap();
+    }
+    c[1].send(0, 2, &[b"other"]).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    let got = recv_n(&c[2], 41);
+    assert_eq!(got.len(), 41);
+    let other = got.iter().position(|d| d.from == Some(1)).unwrap();
+    assert!(
+        other < 24,
+        "rank 1's datagram came {other}th, behind a stream"
+    );
+    let stream: Vec<u8> = got
+        .iter()
+        .filter(|d| d.from == Some(0))
+        .map(|d| d.bytes[0])
+        .collect();
+    assert_eq!(stream, (0..40).collect::<Vec<u8>>(), "the stream in order");
+}
