@@ -608,7 +608,11 @@ impl ReliableLink {
     /// Acknowledgement information from the peer, standalone or piggybacked.
     fn on_ack(&mut self, now: Instant, ack: &AckInfo) {
         self.peer_window_end = self.peer_window_end.max(ack.window_end);
-        self.update_loss_delays();
+        // Loss detection after the ACK needs the per-route delays only if packets remain (not
+        // so in a ping-pong, where every ACK clears the queue).
+        if !self.sent.acknowledges_all(ack) {
+            self.update_loss_delays();
+        }
         let rate_interval = self.rtt.smoothed().unwrap_or(self.rtt.rto());
         let (paths, delays) = (&mut self.paths, &self.loss_delays);
         let outcome = self.sent.on_ack_with(

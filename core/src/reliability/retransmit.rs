@@ -151,6 +151,13 @@ impl RetransmitQueue {
         self.packets.contains(seq)
     }
 
+    /// Whether `ack` acknowledges every packet in the queue (then no loss detection follows).
+    pub fn acknowledges_all(&self, ack: &AckInfo) -> bool {
+        self.packets
+            .last()
+            .is_none_or(|(seq, _)| seq <= ack.cumulative)
+    }
+
     /// The packet `seq`, if unacknowledged.
     pub fn get(&self, seq: u64) -> Option<&SentPacket> {
         self.packets.get(seq)
