@@ -435,6 +435,17 @@ pub fn checksum(data: &[u8]) -> u32 {
 /// twice as fast (57 against 26 GB/s) — per packet on both sides of every large transfer.
 pub fn checksum_parts(parts: &[&[u8]]) -> u32 {
     let len: usize = parts.iter().map(|p| p.len()).sum();
+    if len <= GATHER_UP_TO && parts.len() > 1 {
+        // A small packet's header and payload come in several short parts: each CRC call has
+        // a start-up cost larger than copying them into one run.
+        let mut joined = [0u8; GATHER_UP_TO];
+        let mut at = 0;
+        for part in parts {
+            joined[at..at + part.len()].copy_from_slice(part);
+            at += part.len();
+        }
+        return crc32c::crc32c(&joined[..at]);
+    }
     if len < FOLD_FROM {
         return parts
             .iter()
@@ -450,6 +461,10 @@ pub fn checksum_parts(parts: &[&[u8]]) -> u32 {
 
 /// Inputs from this many bytes are checksummed by folding (see [`checksum_parts`]).
 const FOLD_FROM: usize = 512;
+
+/// Inputs in several parts up to this many bytes are copied together and checksummed in one
+/// call (see [`checksum_parts`]).
+const GATHER_UP_TO: usize = 256;
 
 #[cfg(test)]
 mod tests {
