@@ -41,23 +41,7 @@ fn config(policy: ProgressPolicy) -> Config {
 fn rankweave_latency(policy: ProgressPolicy, size: usize, iters: usize) -> f64 {
     runtime().block_on(async move {
         let out = rankweave::local_with(config(policy), 2, move |comm| async move {
-            let payload = Bytes::from(vec![1u8; size]);
-            let other = 1 - comm.rank();
-            let warmup = iters / 10;
-            let mut start = Instant::now();
-            for i in 0..warmup + iters {
-                if i == warmup {
-                    start = Instant::now();
-                }
-                if comm.rank() == 0 {
-                    comm.send(other, 0, payload.clone()).await.expect("send");
-                    comm.recv(other, 0).await.expect("recv");
-                } else {
-                    let m = comm.recv(other, 0).await.expect("recv");
-                    comm.send(other, 0, m.into_data()).await.expect("send");
-                }
-            }
-            start.elapsed().as_secs_f64() * 1e6 / (2.0 * iters as f64)
+            support::ping_pong(&comm, size, iters / 10, iters).await
         })
         .await
         .expect("job");

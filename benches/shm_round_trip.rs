@@ -17,6 +17,9 @@
 //! drifts; callgrind's instruction count (`bench/callgrind-shm`) does not. The book's
 //! Performance chapter ("Counting the small-message path") has the method and the history.
 
+#[path = "support/mod.rs"]
+mod support;
+
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -78,12 +81,11 @@ enum Mode {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with("--"))
-        .collect();
-    let number = |i: usize, default: usize| args.get(i).map_or(Ok(default), |a| a.parse());
-    let (Ok(size), Ok(n)) = (number(0, 1), number(1, 100_000)) else {
+    let args = support::positional_args();
+    let (Ok(size), Ok(n)) = (
+        support::number_arg(&args, 0, 1),
+        support::number_arg(&args, 1, 100_000),
+    ) else {
         eprintln!("usage: shm_round_trip [SIZE [ITERATIONS [miss|barrier]]]");
         std::process::exit(2);
     };

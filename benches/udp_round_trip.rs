@@ -12,9 +12,10 @@
 //! instruction counts `bench/callgrind-udp` takes from this program do not. The book's
 //! reliability chapter ("Measured so far") has the method and the history.
 
-use std::time::Instant;
+#[path = "support/mod.rs"]
+mod support;
+use support::number_arg;
 
-use bytes::Bytes;
 use rankweave::{Config, ProgressPolicy, TransportKind};
 
 /// Round trips before the clock starts.
@@ -37,22 +38,7 @@ fn round_trips(size: usize, n: usize, reliability: bool) -> (f64, u64) {
         .expect("runtime");
     let out = runtime.block_on(async move {
         rankweave::local_with(config, 2, move |comm| async move {
-            let payload = Bytes::from(vec![1u8; size]);
-            let other = 1 - comm.rank();
-            let mut start = Instant::now();
-            for i in 0..WARMUP + n {
-                if i == WARMUP {
-                    start = Instant::now();
-                }
-                if comm.rank() == 0 {
-                    comm.send(other, 0, payload.clone()).await.expect("send");
-                    comm.recv(other, 0).await.expect("recv");
-                } else {
-                    let m = comm.recv(other, 0).await.expect("recv");
-                    comm.send(other, 0, m.into_data()).await.expect("send");
-                }
-            }
-            let one_way = start.elapsed().as_secs_f64() * 1e6 / (2.0 * n as f64);
+            let one_way = support::ping_pong(&comm, size, WARMUP, n).await;
             let sent = comm
                 .stats()
                 .transport
@@ -69,12 +55,8 @@ fn round_trips(size: usize, n: usize, reliability: bool) -> (f64, u64) {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with("--"))
-        .collect();
-    let number = |i: usize, default: usize| args.get(i).map_or(Ok(default), |a| a.parse());
-    let (Ok(size), Ok(n)) = (number(0, 1), number(1, 20_000)) else {
+    let args = support::positional_args();
+    let (Ok(size), Ok(n)) = (number_arg(&args, 0, 1), number_arg(&args, 1, 20_000)) else {
         eprintln!("usage: udp_round_trip [SIZE [ITERATIONS [on|off]]]");
         std::process::exit(2);
     };
