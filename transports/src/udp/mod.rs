@@ -145,10 +145,21 @@ enum Lane {
     Refused,
 }
 
+impl Lane {
+    /// The lane's socket, `None` if the route socket serves the peer.
+    fn socket(&self) -> Option<Arc<RouteSocket>> {
+        match self {
+            Lane::Open { socket, .. } => Some(Arc::clone(socket)),
+            Lane::Refused => None,
+        }
+    }
+}
+
 /// The receiving side's state, behind one lock.
 #[derive(Default)]
 struct Receiving {
-    /// The buffer the next datagram is received into.
+    /// The buffer the next datagram is received into (`max_datagram + 1` bytes, so a longer
+    /// datagram shows up as one byte too long instead of silently truncated).
     scratch: Vec<u8>,
     /// The lane that delivered last: tried first, with a receive of its own, before asking
     /// the poller (a ping-pong then costs one system call per poll, as on a plain socket).
@@ -216,10 +227,9 @@ pub struct UdpCarrier {
     peers: RwLock<PeerTable>,
     max_datagram: usize,
     closed: AtomicBool,
-    /// The buffer the next datagram is received into (`max_datagram + 1` bytes, so a longer
-    /// datagram shows up as one byte too long instead of silently truncated).
-    scratch: Mutex<Receiving>,
-    /// Where `scratch` comes from, and goes back to once a large datagram is dropped.
+    /// The receive buffer and which socket to try first.
+    receiving: Mutex<Receiving>,
+    /// Where receive buffers come from, and go back to once a large datagram is dropped.
     buffers: Arc<BufferPool>,
     discovery: Option<Discovery>,
 }
@@ -277,7 +287,7 @@ impl UdpCarrier {
             peers: RwLock::new(PeerTable::default()),
             max_datagram,
             closed: AtomicBool::new(false),
-            scratch: Mutex::new(Receiving::default()),
+            receiving: Mutex::new(Receiving::default()),
             buffers: Arc::default(),
             discovery: None,
         })
@@ -339,20 +349,16 @@ impl UdpCarrier {
         {
             // Usually decided already (every batch from a peer without a lane asks).
             let t = self.peers.read().unwrap_or_else(|p| p.into_inner());
-            match t.lanes.get(&(rank, route)) {
-                Some(Lane::Open { socket, .. }) => return Some(Arc::clone(socket)),
-                Some(Lane::Refused) => return None,
-                None => {}
+            if let Some(lane) = t.lanes.get(&(rank, route)) {
+                return lane.socket();
             }
         }
         let mut t = self.peers.write().unwrap_or_else(|p| p.into_inner());
         if t.addrs.get(&rank).and_then(|a| a.get(route)) != Some(&addr) {
             return None; // not (or no longer) this rank's address
         }
-        match t.lanes.get(&(rank, route)) {
-            Some(Lane::Open { socket, .. }) => return Some(Arc::clone(socket)),
-            Some(Lane::Refused) => return None,
-            None => {}
+        if let Some(lane) = t.lanes.get(&(rank, route)) {
+            return lane.socket(); // opened meanwhile
         }
         let open = t
             .lanes
@@ -370,10 +376,7 @@ impl UdpCarrier {
                 }
             }
         };
-        let socket = match &lane {
-            Lane::Open { socket, .. } => Some(Arc::clone(socket)),
-            Lane::Refused => None,
-        };
+        let socket = lane.socket();
         t.lanes.insert((rank, route), lane);
         socket
     }
@@ -546,14 +549,10 @@ impl UdpCarrier {
         };
         let found = {
             let t = self.peers.read().unwrap_or_else(|p| p.into_inner());
-            t.addrs.get(&to).and_then(|a| a.get(route)).map(|&addr| {
-                let lane = match t.lanes.get(&(to, route)) {
-                    Some(Lane::Open { socket, .. }) => Some(Some(Arc::clone(socket))),
-                    Some(Lane::Refused) => Some(None),
-                    None => None,
-                };
-                (addr, lane)
-            })
+            t.addrs
+                .get(&to)
+                .and_then(|a| a.get(route))
+                .map(|&addr| (addr, t.lanes.get(&(to, route)).map(Lane::socket)))
         };
         let (addr, lane) = match found {
             Some(f) => f,
@@ -610,7 +609,7 @@ impl Carrier for UdpCarrier {
         }
         let before = out.len();
         let end = before.saturating_add(max);
-        let mut st = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
+        let mut st = self.receiving.lock().unwrap_or_else(|p| p.into_inner());
         if st.hot.is_some() && self.lanes_closed.load(Ordering::Acquire) != st.hot_since {
             st.hot = None;
         }
