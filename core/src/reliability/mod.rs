@@ -352,6 +352,9 @@ pub struct ReliableLink {
     reorder_quarters: u32,
     /// Loss delay per route (scratch, refreshed before each use).
     loss_delays: Vec<Duration>,
+    /// The acknowledgement a DATA packet carried, received by [`receive`](Self::receive) at
+    /// the instant given and not applied yet.
+    deferred_ack: Option<(Instant, AckInfo)>,
 }
 
 /// Cap of the reordering allowance: the loss delay grows to at most 4× its base.
@@ -393,6 +396,7 @@ impl ReliableLink {
             bye_due: false,
             reorder_quarters: 0,
             loss_delays: Vec::new(),
+            deferred_ack: None,
             config,
             job_key,
             local,
@@ -457,7 +461,12 @@ impl ReliableLink {
 
     /// Whether everything sent was acknowledged and nothing waits to be sent.
     pub fn is_idle(&self) -> bool {
-        self.unsent.is_empty() && self.sent.is_empty()
+        self.unsent.is_empty()
+            && (self.sent.is_empty()
+                || self
+                    .deferred_ack
+                    .as_ref()
+                    .is_some_and(|(_, ack)| self.sent.acknowledges_all(ack)))
     }
 
     /// Queues `payload` for reliable, in-order delivery to the peer. It goes out from
@@ -529,6 +538,31 @@ impl ReliableLink {
 
     /// Handles a packet that decoded (CRC and job key checked) and arrived on `route`.
     pub fn handle_packet(&mut self, now: Instant, route: usize, packet: Packet) {
+        self.handle(now, route, packet, false);
+    }
+
+    /// [`handle_packet`](Self::handle_packet) for a caller that hands what the packet delivers
+    /// to the application before anything else: the acknowledgement a DATA packet carries is
+    /// applied later, by the next [`poll_transmit`](Self::poll_transmit) once it has nothing
+    /// new to send (or before a retransmission), by [`handle_timeout`](Self::handle_timeout),
+    /// or by the next packet. In a ping-pong this takes the acknowledgement's bookkeeping (a
+    /// thousand-odd instructions: removing the packet, RTT samples, route accounting, loss
+    /// detection) off the critical path: it runs after the reply left.
+    /// [`poll_timeout`](Self::poll_timeout) reports a deferred acknowledgement as due, and
+    /// [`is_idle`](Self::is_idle) counts it as applied.
+    pub fn receive(&mut self, now: Instant, route: usize, packet: Packet) {
+        self.handle(now, route, packet, true);
+    }
+
+    /// Applies the deferred acknowledgement, if any.
+    fn settle_ack(&mut self) {
+        if let Some((at, ack)) = self.deferred_ack.take() {
+            self.on_ack(at, &ack);
+        }
+    }
+
+    fn handle(&mut self, now: Instant, route: usize, packet: Packet, defer_ack: bool) {
+        self.settle_ack();
         if route >= self.paths.len() {
             self.stats.misrouted_dropped += 1;
             return;
@@ -554,7 +588,11 @@ impl ReliableLink {
                     selective: Vec::new(),
                     nack: None,
                 };
-                self.on_ack(now, &piggybacked);
+                if defer_ack {
+                    self.deferred_ack = Some((now, piggybacked));
+                } else {
+                    self.on_ack(now, &piggybacked);
+                }
             }
             PacketBody::Ack(ack) => {
                 self.stats.acks_received += 1;
@@ -737,6 +775,19 @@ impl ReliableLink {
     /// immediate ACK, retransmissions, new DATA within the window (each carrying the current
     /// ACK), and last a delayed ACK that no DATA carried.
     pub fn poll_transmit(&mut self, now: Instant) -> Option<Transmit> {
+        if let Some(t) = self.next_transmit(now) {
+            return Some(t);
+        }
+        // Nothing (more) to send: now apply a deferred acknowledgement, which may open the
+        // window or prove packets lost.
+        if self.deferred_ack.is_some() {
+            self.settle_ack();
+            return self.next_transmit(now);
+        }
+        None
+    }
+
+    fn next_transmit(&mut self, now: Instant) -> Option<Transmit> {
         if let Some((route, nonce)) = self.pongs.pop_front() {
             self.stats.pongs_sent += 1;
             return Some(self.transmit(route, PacketBody::Pong { nonce }));
@@ -761,6 +812,10 @@ impl ReliableLink {
             return Some(self.standalone_ack());
         }
         if !self.dead {
+            if self.deferred_ack.is_some() && self.sent.has_due() {
+                // The deferred acknowledgement may cover what would be resent.
+                self.settle_ack();
+            }
             let paths = &self.paths;
             let resend = self
                 .sent
@@ -811,6 +866,9 @@ impl ReliableLink {
     /// When [`handle_timeout`](Self::handle_timeout) should be called next, if a timer runs: the
     /// delayed ACK, the loss timer, the retransmission timer or the next probe of a Down route.
     pub fn poll_timeout(&self) -> Option<Instant> {
+        if let Some((at, _)) = self.deferred_ack {
+            return Some(at);
+        }
         let ack = self.ack.deadline.filter(|_| self.ack.pending > 0);
         let (retransmit, tail, loss, probe, liveness) = if self.dead {
             (None, None, None, None, None)
@@ -839,6 +897,7 @@ impl ReliableLink {
 
     /// Handles expired timers (an early call does nothing).
     pub fn handle_timeout(&mut self, now: Instant) {
+        self.settle_ack();
         if self.dead {
             return;
         }

@@ -91,6 +91,9 @@ struct Sim {
     header: Vec<u8>,
     other_errors: u64,
     steps: u64,
+    /// Packets go to [`ReliableLink::receive`] (the acknowledgement they carry applied later,
+    /// as the UDP transport does) instead of `handle_packet`: odd seeds.
+    defer_acks: bool,
 }
 
 fn small(k: usize) -> usize {
@@ -154,6 +157,7 @@ impl Sim {
             header: Vec::new(),
             other_errors: 0,
             steps: 0,
+            defer_acks: seed % 2 == 1,
         };
         for (i, n) in messages.into_iter().enumerate() {
             sim.queue_up_to(i, n);
@@ -321,12 +325,18 @@ impl Sim {
                 continue;
             }
             match Packet::decode(&bytes, JOB) {
+                Ok(p) if self.defer_acks => self.links[to].receive(now, route, p),
                 Ok(p) => self.links[to].handle_packet(now, route, p),
                 Err(PacketError::CrcMismatch { seq, .. }) => {
                     self.links[to].handle_corrupt(now, route, seq)
                 }
                 Err(_) => self.other_errors += 1,
             }
+        }
+        if self.defer_acks {
+            // As the transport does: what the arrivals made due goes out first (a deferred
+            // acknowledgement is applied once nothing new is left to send), timers after.
+            self.drain();
         }
         for i in 0..2 {
             if self.alive[i] {
@@ -855,6 +865,41 @@ fn a_reply_within_the_hold_carries_the_ack_that_two_packets_made_due() {
     b.handle_timeout(late);
     assert!(b.poll_transmit(late).is_none(), "no ACK left to send");
     assert_eq!(b.stats().acks_sent, 0);
+}
+
+#[test]
+fn a_received_acknowledgement_is_applied_after_the_next_packet_leaves() {
+    let t0 = Instant::now();
+    let (mut a, mut b) = pair(1);
+    a.send(t0, Bytes::from_static(b"request"));
+    let request = a.poll_transmit(t0).unwrap();
+    b.handle_packet(t0, request.route, request.packet);
+    assert!(b.poll_deliver().is_some());
+    let t1 = t0 + 10 * US;
+    b.send(t1, Bytes::from_static(b"reply"));
+    let reply = b.poll_transmit(t1).unwrap();
+    // The reply acknowledges the request; `receive` delivers it at once and keeps the
+    // acknowledgement for later, reporting it due.
+    let t2 = t1 + 10 * US;
+    a.receive(t2, reply.route, reply.packet);
+    assert_eq!(a.poll_deliver().as_deref(), Some(&b"reply"[..]));
+    assert_eq!(a.in_flight(), 1, "not applied yet");
+    assert!(a.is_idle(), "counted as applied");
+    assert_eq!(a.poll_timeout(), Some(t2), "due at once");
+    // The next request leaves first; the acknowledgement is applied after it.
+    a.send(t2, Bytes::from_static(b"request 2"));
+    let next = a.poll_transmit(t2).unwrap();
+    assert!(matches!(next.packet.body, PacketBody::Data { seq: 2, .. }));
+    assert_eq!(a.in_flight(), 2);
+    assert!(a.poll_transmit(t2).is_none());
+    assert_eq!(
+        a.in_flight(),
+        1,
+        "the request acknowledged, its copy dropped"
+    );
+    assert_ne!(a.poll_timeout(), Some(t2), "nothing due any more");
+    // The acknowledgement's RTT sample is dated when it arrived: 20 µs, not later.
+    assert_eq!(a.rtt().smoothed(), Some(20 * US));
 }
 
 #[test]
