@@ -24,7 +24,7 @@ mod support;
 use support::{median, runtime};
 
 use std::net::UdpSocket;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use rankweave::{Config, ProgressPolicy, TransportKind};
@@ -150,10 +150,11 @@ fn rankweave_latency(config: Config, size: usize, iters: usize) -> f64 {
     })
 }
 
-/// osu_bw-style bandwidth in MB/s (10^6 bytes per second).
+/// osu_bw-style bandwidth in MB/s (10^6 bytes per second); NaN if the run did not finish in
+/// [`BW_TIME_LIMIT`] (without reliability, datagrams the kernel dropped are never resent).
 fn rankweave_bandwidth(config: Config, size: usize, windows: usize) -> f64 {
     runtime().block_on(async move {
-        let out = rankweave::local_with(config, 2, move |comm| async move {
+        let job = rankweave::local_with(config, 2, move |comm| async move {
             let payload = Bytes::from(vec![7u8; size]);
             let other = 1 - comm.rank();
             let warmup = 1;
@@ -181,12 +182,22 @@ fn rankweave_bandwidth(config: Config, size: usize, windows: usize) -> f64 {
                 }
             }
             (size * WINDOW * windows) as f64 / start.elapsed().as_secs_f64() / 1e6
-        })
-        .await
-        .expect("job");
-        out[0]
+        });
+        match tokio::time::timeout(BW_TIME_LIMIT, job).await {
+            Ok(out) => out.expect("job")[0],
+            Err(_) => {
+                eprintln!(
+                    "  (a {} bandwidth run did not finish: datagrams lost)",
+                    size_name(size)
+                );
+                f64::NAN
+            }
+        }
     })
 }
+
+/// How long one bandwidth run may take.
+const BW_TIME_LIMIT: Duration = Duration::from_secs(60);
 
 fn size_name(size: usize) -> String {
     match size {

@@ -7,7 +7,9 @@
 //!   direction (the sender's cumulative ACK and receive-window end), so that traffic flowing both
 //!   ways needs no standalone ACKs.
 //! * **ACK**: what the receiver has: cumulative and selective acknowledgement, the end of its
-//!   receive window, and optionally a NACK of one sequence number whose packet arrived corrupted.
+//!   receive window, and optionally a NACK of one sequence number whose packet arrived corrupted
+//!   or, instead, one whose packet arrived a second time (a duplicate report, TCP's D-SACK:
+//!   the retransmission that made it was not needed).
 //! * **RAW**: one payload *without* reliability: no sequence number, no acknowledgement, and the
 //!   CRC covers the header only (the payload is left to the layer above, or trusted). It is what a
 //!   transport sends when reliability is switched off (`RANKWEAVE_RELIABILITY=off`); a
@@ -19,14 +21,14 @@
 //!
 //! Sequence numbers start at 1; `0` means "none".
 //!
-//! # Layout (link format version 2)
+//! # Layout (link format version 3)
 //!
 //! All integers are little-endian and unaligned. The common header:
 //!
 //! | Offset | Size | Field         | Meaning                                                                  |
 //! |--------|------|---------------|--------------------------------------------------------------------------|
 //! | 0      | 2    | `magic`       | [`MAGIC`]: the bytes `R`, `L` (`0x52 0x4C`)                              |
-//! | 2      | 1    | `version`     | [`VERSION`], `2`                                                         |
+//! | 2      | 1    | `version`     | [`VERSION`], `3` (2 had no ACK flags: the field was reserved)            |
 //! | 3      | 1    | `kind`        | `1` DATA, `2` ACK, `3` RAW, `4` PING, `5` PONG, `6` BYE (others reserved) |
 //! | 4      | 4    | `crc`         | `u32`: CRC32C of bytes `0..4` followed by bytes `8..end` (all but itself; RAW: `8..32`, the header only) |
 //! | 8      | 8    | `job_key`     | `u64`: the job's random key; packets of other jobs are dropped           |
@@ -51,9 +53,9 @@
 //! |--------|------------------|--------------|-------------------------------------------------------------------------|
 //! | 24     | 8                | `cumulative` | `u64`: highest sequence number received in order (`0`: none yet)      |
 //! | 32     | 8                | `window_end` | `u64`: the receiver accepts sequence numbers below this                 |
-//! | 40     | 8                | `nack`       | `u64`: sequence number that arrived corrupted (`0`: no NACK)            |
+//! | 40     | 8                | `nack`       | `u64`: sequence number that arrived corrupted (`0`: no NACK), or with flag `DUPLICATE` one that arrived again (never `0` then) |
 //! | 48     | 2                | `sack_words` | `u16`: number of 64-bit words of selective bitmap, ≤ [`MAX_SACK_WORDS`] |
-//! | 50     | 2                | reserved     | must be `0`                                                             |
+//! | 50     | 2                | `flags`      | `u16`: bit 0 `DUPLICATE` ([`ACK_FLAG_DUPLICATE`]); the other bits must be `0` |
 //! | 52     | 8 × `sack_words` | bitmap       | `u64` words; bit `i` (word `i / 64`, bit `i % 64`) set = sequence number `cumulative + 2 + i` received |
 //!
 //! (`cumulative + 1` is missing by definition, so the bitmap starts one above it.)
@@ -104,7 +106,7 @@ use crate::wire::checksum_parts;
 /// The two magic bytes at offset 0.
 pub const MAGIC: [u8; 2] = *b"RL";
 /// The link format version this build writes and reads.
-pub const VERSION: u8 = 2;
+pub const VERSION: u8 = 3;
 /// Length of the header common to all packets.
 pub const COMMON_HEADER_LEN: usize = 24;
 /// Length of a DATA packet's header (the payload follows).
@@ -117,6 +119,8 @@ pub const RAW_HEADER_LEN: usize = 32;
 pub const PROBE_LEN: usize = 32;
 /// Largest number of selective-ACK bitmap words a packet may carry (65 536 sequence numbers).
 pub const MAX_SACK_WORDS: usize = 1024;
+/// ACK flag: the `nack` field reports a duplicate ([`AckInfo::duplicate`]), not corruption.
+pub const ACK_FLAG_DUPLICATE: u16 = 1;
 
 const KIND_DATA: u8 = 1;
 const KIND_ACK: u8 = 2;
@@ -300,6 +304,11 @@ pub struct AckInfo {
     pub selective: Vec<u64>,
     /// A sequence number whose packet arrived corrupted and should be sent again at once.
     pub nack: Option<u64>,
+    /// A sequence number whose packet arrived again after it had been received: the sender's
+    /// latest copy of it was not needed. Advisory, and only where there is no
+    /// [`nack`](Self::nack) (an ACK carries one of the two; the codec drops this one if both
+    /// are set).
+    pub duplicate: Option<u64>,
 }
 
 impl AckInfo {
@@ -504,9 +513,14 @@ impl Packet {
                 let words = &ack.selective[..ack.selective.len().min(MAX_SACK_WORDS)];
                 out.extend_from_slice(&ack.cumulative.to_le_bytes());
                 out.extend_from_slice(&ack.window_end.to_le_bytes());
-                out.extend_from_slice(&ack.nack.unwrap_or(0).to_le_bytes());
+                let (reported, flags) = match (ack.nack, ack.duplicate) {
+                    (Some(nack), _) => (nack, 0),
+                    (None, Some(dup)) if dup != 0 => (dup, ACK_FLAG_DUPLICATE),
+                    _ => (0, 0),
+                };
+                out.extend_from_slice(&reported.to_le_bytes());
                 out.extend_from_slice(&(words.len() as u16).to_le_bytes());
-                out.extend_from_slice(&[0; 2]);
+                out.extend_from_slice(&flags.to_le_bytes());
                 for word in words {
                     out.extend_from_slice(&word.to_le_bytes());
                 }
@@ -601,7 +615,12 @@ impl Packet {
                 if words > MAX_SACK_WORDS || ACK_HEADER_LEN + 8 * words != b.len() {
                     return Err(PacketError::ImpossibleLength(words as u64));
                 }
-                reserved_zero(50, 2)?;
+                let flags = u16_at(b, 50);
+                if flags & !ACK_FLAG_DUPLICATE != 0
+                    || (flags & ACK_FLAG_DUPLICATE != 0 && u64_at(b, 40) == 0)
+                {
+                    return Err(PacketError::ImpossibleLength(u64::from(flags)));
+                }
                 (b.len(), None)
             }
             KIND_RAW => {
@@ -652,11 +671,13 @@ impl Packet {
             }
             KIND_ACK => {
                 let words = u16_at(b, 48) as usize;
-                let nack = u64_at(b, 40);
+                let reported = u64_at(b, 40);
+                let duplicate = u16_at(b, 50) & ACK_FLAG_DUPLICATE != 0;
                 PacketBody::Ack(AckInfo {
                     cumulative: u64_at(b, 24),
                     window_end: u64_at(b, 32),
-                    nack: (nack != 0).then_some(nack),
+                    nack: (reported != 0 && !duplicate).then_some(reported),
+                    duplicate: duplicate.then_some(reported),
                     selective: (0..words)
                         .map(|w| u64_at(b, ACK_HEADER_LEN + 8 * w))
                         .collect(),
@@ -766,6 +787,7 @@ mod tests {
             window_end: 300,
             selective: vec![0b101, 1 << 63],
             nack: Some(11),
+            duplicate: None,
         };
         assert!(ack.acknowledges(3) && ack.acknowledges(10) && ack.acknowledges(12));
         assert!(!ack.acknowledges(11) && !ack.acknowledges(13) && ack.acknowledges(14));
@@ -776,6 +798,38 @@ mod tests {
         assert_eq!(p.payload(), None);
         assert_eq!(gathered(&p), p.encode().to_vec());
         assert_eq!(Packet::decode(&p.encode(), 7).unwrap(), p);
+    }
+
+    #[test]
+    fn an_ack_reports_a_nack_or_a_duplicate_and_a_nack_wins() {
+        let ack = |nack, duplicate| {
+            packet(PacketBody::Ack(AckInfo {
+                cumulative: 10,
+                window_end: 300,
+                selective: Vec::new(),
+                nack,
+                duplicate,
+            }))
+        };
+        let dup = ack(None, Some(7));
+        let buf = dup.encode();
+        assert_eq!(u16::from_le_bytes([buf[50], buf[51]]), ACK_FLAG_DUPLICATE);
+        assert_eq!(Packet::decode(&buf, 7).unwrap(), dup);
+        // Both set: the NACK goes, the advisory duplicate report does not.
+        let both = Packet::decode(&ack(Some(11), Some(7)).encode(), 7).unwrap();
+        assert_eq!(both, ack(Some(11), None));
+        // A duplicate flag without a sequence number, or an unknown flag, is malformed.
+        for (reported, flags) in [(0u64, ACK_FLAG_DUPLICATE), (7, 2)] {
+            let mut bad = buf.to_vec();
+            bad[40..48].copy_from_slice(&reported.to_le_bytes());
+            bad[50..52].copy_from_slice(&flags.to_le_bytes());
+            let crc = checksum_parts(&[&bad[..4], &bad[8..]]);
+            bad[4..8].copy_from_slice(&crc.to_le_bytes());
+            assert_eq!(
+                Packet::decode(&Bytes::from(bad), 7),
+                Err(PacketError::ImpossibleLength(u64::from(flags)))
+            );
+        }
     }
 
     #[test]
@@ -825,6 +879,7 @@ mod tests {
             window_end: 2,
             selective: vec![1; MAX_SACK_WORDS + 3],
             nack: None,
+            duplicate: None,
         }));
         let q = Packet::decode(&p.encode(), 7).unwrap();
         let PacketBody::Ack(ack) = q.body else {
@@ -908,14 +963,16 @@ mod tests {
                 any::<u64>(),
                 any::<u64>(),
                 proptest::collection::vec(any::<u64>(), 0..5),
-                proptest::option::of(1..u64::MAX)
+                proptest::option::of(1..u64::MAX),
+                any::<bool>(),
             )
-                .prop_map(|(cumulative, window_end, selective, nack)| {
+                .prop_map(|(cumulative, window_end, selective, reported, dup)| {
                     PacketBody::Ack(AckInfo {
                         cumulative,
                         window_end,
                         selective,
-                        nack,
+                        nack: reported.filter(|_| !dup),
+                        duplicate: reported.filter(|_| dup),
                     })
                 }),
             proptest::collection::vec(any::<u8>(), 0..200).prop_map(|p| PacketBody::Raw {

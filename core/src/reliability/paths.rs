@@ -533,6 +533,7 @@ mod tests {
             route,
             single_route,
             order: 0,
+            seq: 1,
         }
     }
 

@@ -53,9 +53,19 @@ impl ReceiveWindow {
         self.next_expected
     }
 
+    /// How many packets the window holds.
+    pub fn capacity(&self) -> u64 {
+        self.window
+    }
+
     /// Sequence numbers at or above this are beyond the window.
     pub fn window_end(&self) -> u64 {
         self.next_expected - self.ready.len() as u64 + self.window
+    }
+
+    /// Whether packets wait out of order, beyond a gap.
+    pub fn has_gap(&self) -> bool {
+        !self.buffered.is_empty()
     }
 
     /// Packets held: ready for the application plus buffered out of order.
@@ -116,6 +126,7 @@ impl ReceiveWindow {
             window_end: self.window_end(),
             selective,
             nack,
+            duplicate: None,
         }
     }
 }

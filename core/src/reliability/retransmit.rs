@@ -70,6 +70,8 @@ pub struct SentPacket {
     pub single_route: bool,
     /// Place of its latest transmission in the order of all transmissions.
     pub(super) order: u64,
+    /// Its sequence number.
+    pub seq: u64,
 }
 
 /// What an ACK did to the queue.
@@ -84,6 +86,8 @@ pub struct AckOutcome {
     /// and this ACK. Shorter than the minimum RTT means the ACK was for an earlier copy: the
     /// retransmission was spurious (the packet was only reordered).
     pub retransmission_acked_after: Option<Duration>,
+    /// Newly acknowledged packets that had been retransmitted.
+    pub retransmissions_acked: usize,
 }
 
 /// A packet leaving the queue's "in flight" state, reported to the caller's callback.
@@ -190,6 +194,7 @@ impl RetransmitQueue {
                 route,
                 single_route: true,
                 order,
+                seq,
             },
         );
     }
@@ -244,6 +249,7 @@ impl RetransmitQueue {
                     if min_rtt.is_some_and(|m| after < m) {
                         delivered = p.first_sent;
                     }
+                    out.retransmissions_acked += 1;
                 }
                 latest = latest.max(Some(delivered));
                 if !p.retransmitted {
@@ -495,6 +501,7 @@ mod tests {
             window_end: u64::MAX,
             selective,
             nack: None,
+            duplicate: None,
         }
     }
 

@@ -265,7 +265,8 @@ impl Sim {
                     moved = true;
                     let window = self.links[i].config().window as usize;
                     assert!(self.links[i].in_flight() <= window, "window exceeded");
-                    assert!(self.links[i].held() <= window, "receive window exceeded");
+                    let capacity = self.links[i].receive_capacity();
+                    assert!(self.links[i].held() <= capacity, "receive window exceeded");
                     self.transmit(i, t);
                 }
                 while let Some(e) = self.links[i].poll_event() {
@@ -745,6 +746,7 @@ fn bye_ends_keepalive_without_a_failure() {
 fn slow_receiver_is_not_flooded() {
     let config = LinkConfig {
         window: 16,
+        receive_window: Some(16),
         ..LinkConfig::default()
     };
     let mut sim = Sim::new(80, config, Faults::default(), [500, 0]);
@@ -768,10 +770,52 @@ fn slow_receiver_is_not_flooded() {
 }
 
 fn pair(routes: usize) -> (ReliableLink, ReliableLink) {
+    pair_with(LinkConfig::default(), routes)
+}
+
+fn pair_with(config: LinkConfig, routes: usize) -> (ReliableLink, ReliableLink) {
     (
-        ReliableLink::new(LinkConfig::default(), JOB, 0, 1, routes),
-        ReliableLink::new(LinkConfig::default(), JOB, 1, 0, routes),
+        ReliableLink::new(config.clone(), JOB, 0, 1, routes),
+        ReliableLink::new(config, JOB, 1, 0, routes),
     )
+}
+
+#[test]
+fn the_sender_goes_on_past_a_lost_packet_up_to_the_receive_window() {
+    let t0 = Instant::now();
+    let config = LinkConfig {
+        window: 4,
+        ..LinkConfig::default()
+    };
+    let (mut a, mut b) = pair_with(config, 1);
+    assert_eq!(b.receive_capacity(), 16, "four windows by default");
+    for k in 0..40u8 {
+        a.send(t0, Bytes::from(vec![k]));
+    }
+    // The first packet is lost; every later one arrives, and its selective ACK frees the
+    // sender's window, until the receiver holds as much as it may past the hole.
+    let mut sent = 0;
+    let mut first = true;
+    while let Some(t) = a.poll_transmit(t0) {
+        sent += 1;
+        if std::mem::take(&mut first) {
+            continue;
+        }
+        b.handle_packet(t0, t.route, t.packet);
+        while let Some(ack) = b.poll_transmit(t0) {
+            a.handle_packet(t0, ack.route, ack.packet);
+        }
+    }
+    assert_eq!(
+        b.held(),
+        15,
+        "everything up to the window's end, past the hole"
+    );
+    assert_eq!(
+        sent, 16,
+        "sequence numbers 1 to 16: not stopped after one window"
+    );
+    assert_eq!(a.in_flight(), 1, "only the lost packet unacknowledged");
 }
 
 #[test]
@@ -946,6 +990,105 @@ fn a_lost_tail_packet_is_probed_after_two_round_trips_not_the_minimum_rto() {
 }
 
 #[test]
+fn a_retransmission_reported_as_a_duplicate_widens_the_reordering_allowance() {
+    let t0 = Instant::now();
+    let (mut a, mut b) = pair(1);
+    assert_eq!(a.reorder_allowance(), INITIAL_REORDER_QUARTERS);
+    a.send(t0, Bytes::from_static(b"late"));
+    let original = a.poll_transmit(t0).unwrap();
+    // The original is only delayed: the timer sends it again, then both copies arrive.
+    let timeout = a.poll_timeout().unwrap();
+    a.handle_timeout(timeout);
+    let copy = a.poll_transmit(timeout).unwrap();
+    assert_eq!(a.stats().retransmitted, 1);
+    b.handle_packet(timeout, 0, original.packet);
+    b.handle_packet(timeout, 0, copy.packet);
+    let ack = b.poll_transmit(timeout).expect("an immediate ACK");
+    assert!(matches!(
+        ack.packet.body,
+        PacketBody::Ack(AckInfo {
+            cumulative: 1,
+            duplicate: Some(1),
+            nack: None,
+            ..
+        })
+    ));
+    a.handle_packet(timeout + US, 0, ack.packet);
+    assert_eq!(a.stats().spurious_retransmissions, 1);
+    assert_eq!(a.reorder_allowance(), INITIAL_REORDER_QUARTERS + 1);
+}
+
+#[test]
+fn a_packet_the_network_duplicated_is_no_spurious_retransmission() {
+    let t0 = Instant::now();
+    let (mut a, mut b) = pair(1);
+    a.send(t0, Bytes::from_static(b"twice"));
+    let t = a.poll_transmit(t0).unwrap();
+    b.handle_packet(t0, 0, t.packet.clone());
+    b.handle_packet(t0, 0, t.packet);
+    let ack = b.poll_transmit(t0).expect("an immediate ACK");
+    assert!(matches!(
+        ack.packet.body,
+        PacketBody::Ack(AckInfo {
+            duplicate: Some(1),
+            ..
+        })
+    ));
+    a.handle_packet(t0 + US, 0, ack.packet);
+    assert!(a.is_idle());
+    assert_eq!(a.stats().spurious_retransmissions, 0);
+    assert_eq!(a.reorder_allowance(), INITIAL_REORDER_QUARTERS);
+}
+
+#[test]
+fn needed_retransmissions_take_the_reordering_allowance_back_to_zero() {
+    let mut now = Instant::now();
+    let (mut a, mut b) = pair(1);
+    for k in 0..REORDER_PERSIST {
+        assert_eq!(a.reorder_allowance(), INITIAL_REORDER_QUARTERS, "after {k}");
+        a.send(now, Bytes::from(vec![k as u8]));
+        let _lost = a.poll_transmit(now).unwrap();
+        now = a.poll_timeout().unwrap();
+        a.handle_timeout(now);
+        let copy = a.poll_transmit(now).unwrap();
+        b.handle_packet(now, 0, copy.packet);
+        // The receiver answers with a DATA packet of its own, carrying the ACK.
+        b.send(now, Bytes::from_static(b"ok"));
+        let reply = b.poll_transmit(now).unwrap();
+        now += 10 * US;
+        a.handle_packet(now, 0, reply.packet);
+        assert_eq!(a.in_flight(), 0);
+    }
+    assert_eq!(a.stats().retransmitted, u64::from(REORDER_PERSIST));
+    assert_eq!(a.reorder_allowance(), 0);
+}
+
+#[test]
+fn a_packet_that_fills_a_gap_is_acknowledged_at_once() {
+    let t0 = Instant::now();
+    let (mut a, mut b) = pair(1);
+    for p in [&b"one"[..], b"two", b"three"] {
+        a.send(t0, Bytes::from_static(p));
+    }
+    let sent: Vec<_> = std::iter::from_fn(|| a.poll_transmit(t0)).collect();
+    b.handle_packet(t0, 0, sent[1].packet.clone());
+    assert!(
+        b.poll_transmit(t0).is_some(),
+        "out of order: a selective ACK"
+    );
+    b.handle_packet(t0, 0, sent[0].packet.clone());
+    // Neither the hold nor the delayed-ACK timer: the sender learns at once.
+    let ack = b.poll_transmit(t0).expect("an ACK at once");
+    assert!(matches!(
+        ack.packet.body,
+        PacketBody::Ack(AckInfo { cumulative: 2, .. })
+    ));
+    // In order again, the next one waits as usual.
+    b.handle_packet(t0, 0, sent[2].packet.clone());
+    assert!(b.poll_transmit(t0).is_none());
+}
+
+#[test]
 fn nack_triggers_immediate_retransmission() {
     let t0 = Instant::now();
     let (mut a, mut b) = pair(1);
@@ -1001,7 +1144,7 @@ fn data_carries_the_pending_ack() {
             reply.packet
         );
     };
-    assert_eq!(window_end, 2 + 256);
+    assert_eq!(window_end, 2 + 4 * 256, "four windows by default");
     // The delayed ACK was satisfied: nothing else to send, no ACK timer.
     assert!(b.poll_transmit(t0 + MS).is_none());
     assert_eq!(b.stats().acks_sent, 0);
