@@ -179,16 +179,20 @@ struct Counters {
 /// A slot per rank of the job rather than a hash map: servicing a link takes it out of its
 /// slot and puts it back (so the rest of the state can be borrowed beside it), on every
 /// message, and a hash map paid ~260 instructions per message for the removal and
-/// re-insertion. Boxed: a link is large and an empty slot should not be.
+/// re-insertion. Boxed: a link is large and an empty slot should not be. Links are never
+/// removed; the ranks that have one are listed, so that walking the links (timers, the
+/// progress task's deadline) costs what there are, not the size of the job.
 #[derive(Default)]
 struct LinkTable {
     slots: Vec<Option<Box<ReliableLink>>>,
+    present: Vec<u32>,
 }
 
 impl LinkTable {
     fn with_ranks(size: u32) -> Self {
         LinkTable {
             slots: (0..size).map(|_| None).collect(),
+            present: Vec::new(),
         }
     }
 
@@ -206,7 +210,11 @@ impl LinkTable {
         peer: u32,
         make: impl FnOnce() -> ReliableLink,
     ) -> &mut ReliableLink {
-        self.slots[peer as usize].get_or_insert_with(|| Box::new(make()))
+        let present = &mut self.present;
+        self.slots[peer as usize].get_or_insert_with(|| {
+            present.push(peer);
+            Box::new(make())
+        })
     }
 
     /// Takes the link to `peer` out of its slot; [`LinkTable::put`] puts it back.
@@ -214,22 +222,25 @@ impl LinkTable {
         self.slots.get_mut(peer as usize)?.take()
     }
 
+    /// Puts back a link [`LinkTable::take`] took.
     fn put(&mut self, peer: u32, link: Box<ReliableLink>) {
         self.slots[peer as usize] = Some(link);
     }
 
+    /// The links, in the order they were made.
     fn iter(&self) -> impl Iterator<Item = (u32, &ReliableLink)> {
-        self.slots
+        self.present
             .iter()
-            .enumerate()
-            .filter_map(|(p, l)| Some((p as u32, l.as_deref()?)))
+            .filter_map(|&p| Some((p, self.slots[p as usize].as_deref()?)))
     }
 
-    fn iter_mut(&mut self) -> impl Iterator<Item = (u32, &mut ReliableLink)> {
-        self.slots
-            .iter_mut()
-            .enumerate()
-            .filter_map(|(p, l)| Some((p as u32, l.as_deref_mut()?)))
+    /// Calls `f` with each link, in the order they were made.
+    fn for_each_mut(&mut self, mut f: impl FnMut(u32, &mut ReliableLink)) {
+        for &p in &self.present {
+            if let Some(l) = self.slots[p as usize].as_deref_mut() {
+                f(p, l);
+            }
+        }
     }
 }
 
@@ -379,16 +390,15 @@ impl<C: Carrier> Shared<C> {
         }
         if st.next_due.is_some_and(|d| d <= now) {
             st.next_due = None;
-            for (peer, l) in st.links.iter_mut() {
-                match l.poll_timeout() {
-                    Some(t) if t <= now => {
-                        l.handle_timeout(now);
-                        touched.push(peer);
-                    }
-                    Some(t) => st.next_due = Some(st.next_due.map_or(t, |d| d.min(t))),
-                    None => {}
+            let next_due = &mut st.next_due;
+            st.links.for_each_mut(|peer, l| match l.poll_timeout() {
+                Some(t) if t <= now => {
+                    l.handle_timeout(now);
+                    touched.push(peer);
                 }
-            }
+                Some(t) => *next_due = Some(next_due.map_or(t, |d| d.min(t))),
+                None => {}
+            });
         }
         touched.append(&mut st.unserviced);
         if touched.len() > 1 {
@@ -477,34 +487,12 @@ impl<C: Carrier> Shared<C> {
         }
     }
 
-    /// Takes a link's deliveries and events, and sends its packets.
+    /// Takes a link's deliveries, sends its packets and takes its events.
     fn service(&self, st: &mut State, now: Instant, peer: u32) {
         let Some(mut link) = st.links.take(peer) else {
             return;
         };
         self.take_deliveries(st, peer, &mut link);
-        while let Some(ev) = link.poll_event() {
-            match ev {
-                LinkEvent::PeerDead { rank } => {
-                    if st.lost.insert(rank) {
-                        st.counters.peers_lost += 1;
-                        st.ready.push_back(Arrival::PeerLost { rank });
-                        self.drained_empty.store(false, Ordering::Relaxed);
-                        tracing::warn!(
-                            rank = self.config.rank,
-                            peer = rank,
-                            "peer stopped answering"
-                        );
-                    }
-                }
-                LinkEvent::RouteDown { rank, route } => {
-                    tracing::warn!(rank = self.config.rank, peer = rank, route, "route down");
-                }
-                LinkEvent::RouteUp { rank, route } => {
-                    tracing::info!(rank = self.config.rank, peer = rank, route, "route back up");
-                }
-            }
-        }
         while let Some(t) = link.poll_transmit(now) {
             t.packet.write_header(&mut st.header);
             let sent = match &t.packet.body {
@@ -526,6 +514,29 @@ impl<C: Carrier> Shared<C> {
             };
             if sent.is_err() {
                 st.counters.send_errors += 1;
+            }
+        }
+        // After the packets: an acknowledgement applied while sending may have made some.
+        while let Some(ev) = link.poll_event() {
+            match ev {
+                LinkEvent::PeerDead { rank } => {
+                    if st.lost.insert(rank) {
+                        st.counters.peers_lost += 1;
+                        st.ready.push_back(Arrival::PeerLost { rank });
+                        self.drained_empty.store(false, Ordering::Relaxed);
+                        tracing::warn!(
+                            rank = self.config.rank,
+                            peer = rank,
+                            "peer stopped answering"
+                        );
+                    }
+                }
+                LinkEvent::RouteDown { rank, route } => {
+                    tracing::warn!(rank = self.config.rank, peer = rank, route, "route down");
+                }
+                LinkEvent::RouteUp { rank, route } => {
+                    tracing::info!(rank = self.config.rank, peer = rank, route, "route back up");
+                }
             }
         }
         let deadline = link.poll_timeout();
@@ -932,5 +943,48 @@ mod tests {
         }
         assert!(count.count() > 0, "the timer woke the task");
         assert!(t.poll_arrival(&mut cx).is_ready());
+    }
+
+    #[tokio::test]
+    async fn a_busy_poller_gets_its_message_before_the_link_is_serviced() {
+        let fabric = InprocCarrierFabric::new(2, 1, 64 * 1024);
+        let a = LinkTransport::new(
+            fabric.carrier(0).unwrap(),
+            LinkTransportConfig::new(0, 2, 42),
+        );
+        let b = LinkTransport::new(
+            fabric.carrier(1).unwrap(),
+            LinkTransportConfig::new(1, 2, 42),
+        );
+        let (count, waker) = CountingWaker::new();
+        let mut cx = Context::from_waker(&waker);
+        assert!(
+            b.poll_arrival(&mut cx).is_pending(),
+            "b's progress task parks"
+        );
+        let drain_until_one = |t: &LinkTransport<_>| {
+            let mut out = Vec::new();
+            let until = Instant::now() + Duration::from_secs(5);
+            while out.is_empty() && Instant::now() < until {
+                t.drain(&mut out).unwrap();
+            }
+            out.len()
+        };
+        // Not busy-polled: the receiving drain services the link at once.
+        a.send(1, eager_frame(1, 1, 0, vec![1u8; 10])).unwrap();
+        assert_eq!(drain_until_one(&b), 1);
+        assert!(b.shared.lock().unserviced.is_empty());
+        // Busy-polled: the message is handed over, the link left for the next call.
+        b.begin_busy_poll();
+        a.send(1, eager_frame(1, 2, 0, vec![2u8; 10])).unwrap();
+        assert_eq!(drain_until_one(&b), 1);
+        assert_eq!(b.shared.lock().unserviced, [0]);
+        // The poller leaves: the parked task is woken to do it, and does.
+        let woken = count.count();
+        b.end_busy_poll();
+        assert_eq!(count.count(), woken + 1);
+        assert!(b.poll_arrival(&mut cx).is_ready());
+        b.drain(&mut Vec::new()).unwrap();
+        assert!(b.shared.lock().unserviced.is_empty());
     }
 }

@@ -713,13 +713,15 @@ impl ReliableLink {
     }
 
     /// The shortest time after which an ACK can answer a copy of a packet: the minimum RTT
-    /// less the ACK hold. The minimum is measured on packets whose ACK may have waited that
-    /// long at the receiver, while a retransmission that fills a gap is acknowledged at once
-    /// (measured over UDP: 21–35 µs after it left, the minimum RTT being 38 µs).
+    /// less the ACK hold, and at least half the minimum. The minimum is measured on packets
+    /// whose ACK may have waited that long at the receiver, while a retransmission that fills a
+    /// gap is acknowledged at once (measured over UDP: 21–35 µs after it left, the minimum RTT
+    /// being 38 µs); on a link whose whole round trip is shorter than the hold, the half keeps
+    /// the rule alive.
     fn fastest_answer(&self) -> Option<Duration> {
         self.rtt
             .min()
-            .map(|m| m.saturating_sub(self.config.ack_hold))
+            .map(|m| m.saturating_sub(self.config.ack_hold.min(m / 2)))
     }
 
     /// Acknowledgement information from the peer, standalone or piggybacked.
