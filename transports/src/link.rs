@@ -906,9 +906,17 @@ impl FailedLookups {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::inproc::InprocCarrierFabric;
+    use crate::inproc::{InprocCarrier, InprocCarrierFabric};
     use crate::test_frames::eager_frame;
     use crate::test_waker::CountingWaker;
+
+    /// Rank `rank` of a 2-rank job over `fabric`, with reliability.
+    fn rank_of(fabric: &Arc<InprocCarrierFabric>, rank: u32) -> LinkTransport<InprocCarrier> {
+        LinkTransport::new(
+            fabric.carrier(rank as usize).unwrap(),
+            LinkTransportConfig::new(rank, 2, 42),
+        )
+    }
 
     #[test]
     fn the_window_is_the_transports_unless_configured() {
@@ -921,10 +929,7 @@ mod tests {
     #[tokio::test]
     async fn a_send_moves_the_parked_timer_forward_without_waking_the_task() {
         let fabric = InprocCarrierFabric::new(2, 1, 64 * 1024);
-        let t = LinkTransport::new(
-            fabric.carrier(0).unwrap(),
-            LinkTransportConfig::new(0, 2, 42),
-        );
+        let t = rank_of(&fabric, 0);
         // Rank 1 never reads: nothing is acknowledged, so the packet stays in flight.
         let _peer = fabric.carrier(1).unwrap();
         let (count, waker) = CountingWaker::new();
@@ -948,14 +953,7 @@ mod tests {
     #[tokio::test]
     async fn a_busy_poller_gets_its_message_before_the_link_is_serviced() {
         let fabric = InprocCarrierFabric::new(2, 1, 64 * 1024);
-        let a = LinkTransport::new(
-            fabric.carrier(0).unwrap(),
-            LinkTransportConfig::new(0, 2, 42),
-        );
-        let b = LinkTransport::new(
-            fabric.carrier(1).unwrap(),
-            LinkTransportConfig::new(1, 2, 42),
-        );
+        let (a, b) = (rank_of(&fabric, 0), rank_of(&fabric, 1));
         let (count, waker) = CountingWaker::new();
         let mut cx = Context::from_waker(&waker);
         assert!(
