@@ -215,7 +215,7 @@ fn markdown(
         if plan.quick {
             "smoke run (10)"
         } else {
-            "OSU defaults; oversubscribed: 100, warm-up 10, sizes up to 1 KiB"
+            "OSU defaults; oversubscribed: 100, warm-up 10, up to 1 KiB; 20, warm-up 2, 64 KiB to 1 MiB"
         }
     );
     let _ = writeln!(s, "| took | {:.0?} |\n", elapsed);

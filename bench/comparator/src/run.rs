@@ -92,27 +92,44 @@ pub type Gaps = BTreeMap<(Config, String, Impl), String>;
 
 const RUN_TIMEOUT: Duration = Duration::from_secs(600);
 
-/// The OSU flags of one run. Shared memory uses OSU's own iteration counts and sizes; four
-/// ranks on two cores run fewer iterations at small sizes, because MPICH takes milliseconds per
-/// operation there and OSU's counts would take the better part of an hour.
-fn osu_flags(plan: &Plan, config: Config, bench: &str) -> Vec<String> {
-    let (sizes, counts): (&[&str], &[&str]) = if plan.quick {
-        (&["-m", "1:64"], &["-i", "10", "-x", "2"])
+/// The OSU flags of each run that makes up one measurement (the rows of its runs together).
+/// Shared memory uses OSU's own iteration counts and sizes in one run. Four ranks on two cores
+/// run fewer iterations, because MPICH takes milliseconds per operation there and OSU's counts
+/// would take the better part of an hour: up to 1 KiB in one run, and 64 KiB to 1 MiB (the
+/// large cells of the collectives' targets) in a second run with fewer still.
+fn osu_sweeps(plan: &Plan, config: Config, bench: &str) -> Vec<Vec<String>> {
+    let sweeps: &[(&[&str], &[&str])] = if plan.quick {
+        &[(&["-m", "1:64"], &["-i", "10", "-x", "2"])]
     } else if config == Config::Oversubscribed {
-        (&["-m", "1:1024"], &["-i", "100", "-x", "10"])
+        &[
+            (&["-m", "1:1024"], &["-i", "100", "-x", "10"]),
+            (&["-m", "65536:1048576"], &["-i", "20", "-x", "2"]),
+        ]
     } else {
-        (&[], &[])
+        &[(&[], &[])]
     };
-    // The barriers have no message size.
-    let sizes = if osu::is_sized(bench) { sizes } else { &[][..] };
-    sizes.iter().chain(counts).map(|s| s.to_string()).collect()
+    // The barriers have no message size: one run.
+    let sized = osu::is_sized(bench);
+    sweeps
+        .iter()
+        .take(if sized { sweeps.len() } else { 1 })
+        .map(|(sizes, counts)| {
+            let sizes = if sized { *sizes } else { &[][..] };
+            sizes.iter().chain(*counts).map(|s| s.to_string()).collect()
+        })
+        .collect()
 }
 
-fn command(plan: &Plan, imp: Impl, config: Config, bench: &str) -> Result<Command, String> {
+fn command(
+    plan: &Plan,
+    imp: Impl,
+    config: Config,
+    bench: &str,
+    flags: &[String],
+) -> Result<Command, String> {
     let n = config.ranks().to_string();
     let root = &plan.root;
     let bins = &plan.bins;
-    let flags = osu_flags(plan, config, bench);
     let pinned = config == Config::Shm;
     let mut cmd = match imp {
         Impl::Rankweave if config == Config::Udp => {
@@ -184,24 +201,28 @@ fn binary(root: &Path, mpi: &str, bench: &str) -> PathBuf {
         .join(osu::c_program(bench))
 }
 
-/// Runs one measurement; returns its rows or why there are none.
+/// Runs one measurement (each of its sweeps); returns its rows or why there are none.
 fn measure(plan: &Plan, imp: Impl, config: Config, bench: &str) -> Result<Vec<(u64, f64)>, String> {
-    let mut cmd = command(plan, imp, config, bench)?;
     let started = Instant::now();
-    let out = run_with_timeout(&mut cmd, RUN_TIMEOUT)?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    if !out.status.success() {
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        let why = stderr
-            .lines()
-            .rev()
-            .find(|l| !l.trim().is_empty())
-            .unwrap_or("");
-        return Err(format!("exited with {}: {}", out.status, why.trim()));
-    }
-    let rows = osu::parse(&stdout, osu::metric(bench));
-    if rows.is_empty() {
-        return Err("printed no data rows".into());
+    let mut rows = Vec::new();
+    for flags in osu_sweeps(plan, config, bench) {
+        let mut cmd = command(plan, imp, config, bench, &flags)?;
+        let out = run_with_timeout(&mut cmd, RUN_TIMEOUT)?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        if !out.status.success() {
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            let why = stderr
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("");
+            return Err(format!("exited with {}: {}", out.status, why.trim()));
+        }
+        let swept = osu::parse(&stdout, osu::metric(bench));
+        if swept.is_empty() {
+            return Err(format!("printed no data rows (flags {flags:?})"));
+        }
+        rows.extend(swept);
     }
     eprintln!(
         "  {:<9} {:<15} {:<9} {:>3} rows in {:.1?}",
@@ -285,4 +306,45 @@ pub fn execute(plan: &Plan) -> Result<(), String> {
     }
     let elapsed = started.elapsed();
     crate::report::write(plan, &samples, &gaps, elapsed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(quick: bool) -> Plan {
+        Plan {
+            rounds: 1,
+            benches: Vec::new(),
+            configs: Vec::new(),
+            quick,
+            out: PathBuf::new(),
+            book: false,
+            root: PathBuf::new(),
+            impls: Vec::new(),
+            startup: None,
+            mcast: None,
+            bins: PathBuf::new(),
+        }
+    }
+
+    #[test]
+    fn oversubscribed_collectives_reach_the_large_sizes_in_a_second_sweep() {
+        let sweeps = osu_sweeps(&plan(false), Config::Oversubscribed, "allreduce");
+        assert_eq!(sweeps.len(), 2);
+        assert_eq!(sweeps[0][..2], ["-m", "1:1024"]);
+        assert_eq!(sweeps[1][..2], ["-m", "65536:1048576"]);
+        // A barrier has no sizes: one run, iteration counts only.
+        let barrier = osu_sweeps(&plan(false), Config::Oversubscribed, "barrier");
+        assert_eq!(barrier, [["-i", "100", "-x", "10"]]);
+        // Shared memory keeps OSU's defaults; a quick run has one small sweep.
+        assert_eq!(
+            osu_sweeps(&plan(false), Config::Shm, "bcast"),
+            [Vec::<String>::new()]
+        );
+        assert_eq!(
+            osu_sweeps(&plan(true), Config::Oversubscribed, "bcast").len(),
+            1
+        );
+    }
 }
