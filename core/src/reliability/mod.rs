@@ -67,7 +67,9 @@
 //!   ([`LinkEvent::PeerDead`]) when nothing was heard from it for
 //!   [`peer_timeout`](LinkConfig::peer_timeout) while data of ours is unacknowledged, or, with
 //!   [`keepalive`](LinkConfig::keepalive) on, at all: a link that has heard nothing for the
-//!   keepalive interval sends a PING on its primary route, which a live peer answers. A link
+//!   keepalive interval sends a PING on every Up route, which a live peer answers (one route
+//!   that died while the link was idle is never marked Down, having lost nothing: a PING on
+//!   the primary alone would go unanswered, and a live peer be declared dead). A link
 //!   that [closes](ReliableLink::close) sends BYE; a peer that said BYE is no longer pinged.
 //! * **Routes** (details in [`paths`]). Each route is Up or Down; the lowest Up route is the
 //!   *primary*.
@@ -359,6 +361,10 @@ pub struct ReliableLink {
     liveness: Liveness,
     /// A BYE is due (the link was closed and has not said it yet).
     bye_due: bool,
+    /// Routes the due keepalive PING has still to go out on: every Up route, so that a dead
+    /// primary (which an idle link never finds out about: no data, no losses, no strikes) does
+    /// not silence a live peer.
+    keepalive_routes: Vec<usize>,
     /// Reordering allowance, in quarters added to the loss delay: starts at
     /// [`INITIAL_REORDER_QUARTERS`], grows on each spurious retransmission (up to
     /// [`MAX_REORDER_QUARTERS`]) and goes back to zero after [`REORDER_PERSIST`] ACKs of
@@ -443,6 +449,7 @@ impl ReliableLink {
             dead: false,
             liveness: Liveness::new(config.peer_timeout, config.keepalive),
             bye_due: false,
+            keepalive_routes: Vec::new(),
             reorder_quarters: INITIAL_REORDER_QUARTERS,
             reorder_persist: REORDER_PERSIST,
             resent_acked: VecDeque::new(),
@@ -553,6 +560,7 @@ impl ReliableLink {
             }
         }
         self.liveness.on_local_close();
+        self.keepalive_routes.clear();
     }
 
     /// Whether the peer said BYE (it closed cleanly).
@@ -898,8 +906,16 @@ impl ReliableLink {
                 return Some(self.transmit(route, PacketBody::Ping { nonce }));
             }
             if self.liveness.take_ping() {
+                let paths = &self.paths;
+                self.keepalive_routes.clear();
+                self.keepalive_routes
+                    .extend((0..paths.len()).rev().filter(|&r| paths.is_up(r)));
+                if self.keepalive_routes.is_empty() {
+                    self.keepalive_routes.push(0);
+                }
+            }
+            if let Some(route) = self.keepalive_routes.pop() {
                 self.stats.keepalives_sent += 1;
-                let route = self.paths.primary().unwrap_or(0);
                 let nonce = KEEPALIVE_NONCE;
                 return Some(self.transmit(route, PacketBody::Ping { nonce }));
             }

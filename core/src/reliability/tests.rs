@@ -1483,6 +1483,27 @@ fn one_working_route_keeps_the_peer_alive() {
     );
 }
 
+/// An idle link (think of traffic that moved to another transport) whose primary route dies:
+/// nothing is in flight, so no loss marks the route Down, and a keepalive on the primary alone
+/// would go unanswered until the peer timeout declared a live peer dead. Keepalives go on every
+/// Up route: the other route's answers keep the peer alive.
+#[test]
+fn an_idle_link_whose_primary_route_dies_keeps_the_peer_alive() {
+    let config = LinkConfig::default().with_peer_timeout(Duration::from_secs(1));
+    let mut sim = Sim::ping_pong(131, config, 20, 2);
+    sim.run();
+    sim.assert_all_delivered_once();
+    sim.routes[0].down = true;
+    let t = sim.now + Duration::from_secs(10);
+    sim.run_until(t);
+    assert!(
+        sim.events[0].is_empty() && sim.events[1].is_empty(),
+        "{:?}",
+        sim.events
+    );
+    assert!(!sim.links[0].is_dead() && !sim.links[1].is_dead());
+}
+
 #[test]
 fn striped_transfer_through_faults() {
     for seed in 140..143 {

@@ -23,8 +23,9 @@
 //! acknowledged, then they and all later ones go over RC: a peer never receives an RC frame
 //! before a UD frame sent earlier, because it handed that UD frame to its message layer
 //! before it acknowledged it, and drains UD before RC. A failed exchange leaves the peer on
-//! UD (and starts again after another `connect_after` frames); a large frame that cannot go
-//! anywhere then makes the peer lost.
+//! UD (and starts again after another `connect_after` frames); with a large frame waiting it
+//! starts again at once: that frame was accepted (its send may have completed), so it waits
+//! for a connection as long as UD's liveness reports the peer alive.
 //!
 //! Losses: a peer is reported lost once. While it has an RC connection, the RC side's report
 //! (BYE after its last frame, or a failed work request) is the one that counts: a UD loss
@@ -301,6 +302,35 @@ impl<P: Provider> AdaptiveTransport<P> {
 
     /// Sends what the connection manager produced and carries out its events.
     fn run_cm(&self, s: &mut State) {
+        let mut again = Vec::new();
+        loop {
+            self.run_cm_once(s, &mut again);
+            if again.is_empty() {
+                return;
+            }
+            // A large frame waits for these peers and their exchange failed: the frame was
+            // accepted already (its send may have completed), so it is not dropped while the
+            // peer lives; the exchange starts again (a dead peer is reported by UD's liveness).
+            let now = Instant::now();
+            for peer in again.drain(..) {
+                match self.rc.open_peer(peer) {
+                    Ok(local) => s.cm.start(now, peer, local),
+                    Err(e) => {
+                        tracing::warn!(rank = self.rank, peer, error = %e, "no RC queue pair");
+                        s.counters.connect_errors += 1;
+                        if let Some(p) = s.peers.get_mut(peer as usize) {
+                            p.held.clear();
+                        }
+                        if s.lost.insert(peer) {
+                            s.ready.push_back(Arrival::PeerLost { rank: peer });
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn run_cm_once(&self, s: &mut State, again: &mut Vec<u32>) {
         while let Some((to, m)) = s.cm.poll_transmit() {
             self.send_control(to, m);
         }
@@ -322,17 +352,13 @@ impl<P: Provider> AdaptiveTransport<P> {
                         continue;
                     };
                     p.sent = 0;
-                    // What waits fits UD up to the first large frame; that one cannot go.
+                    // What waits fits UD up to the first large frame; that one waits for
+                    // another exchange.
                     while let Some(f) = p.held.pop_front() {
                         if f.payload.len() > self.ud_max_payload {
-                            p.held.clear();
-                            if s.lost.insert(peer) {
-                                tracing::warn!(
-                                    rank = self.rank,
-                                    peer,
-                                    "no RC connection for a frame too large for UD"
-                                );
-                                s.ready.push_back(Arrival::PeerLost { rank: peer });
+                            p.held.push_front(f);
+                            if !s.lost.contains(&peer) && !again.contains(&peer) {
+                                again.push(peer);
                             }
                             break;
                         }
@@ -444,6 +470,10 @@ impl<P: Provider> AdaptiveTransport<P> {
                             p.ud_lost_at.get_or_insert(now);
                         }
                     } else if s.lost.insert(rank) {
+                        // Frames waiting for a connection to it go nowhere now.
+                        if let Some(p) = s.peers.get_mut(rank as usize) {
+                            p.held.clear();
+                        }
                         s.ready.push_back(Arrival::PeerLost { rank });
                     }
                 }

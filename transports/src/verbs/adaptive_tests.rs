@@ -234,6 +234,35 @@ async fn lost_control_messages_are_retransmitted() {
     assert_eq!(fabric.counters().datagrams_dropped_fault, 6);
 }
 
+/// An exchange that runs out of sends while a frame too large for UD waits (the peer's
+/// answers were late, say on a loaded machine) starts again: the frame was accepted, and is
+/// delivered once a later exchange succeeds, instead of the peer being reported lost on this
+/// side alone (the peer, alive, would wait for the frame for ever).
+#[tokio::test]
+async fn a_failed_exchange_with_a_large_frame_waiting_is_tried_again() {
+    let SimulatedTransports {
+        fabric,
+        transports: ranks,
+        ..
+    } = simulated_adaptive_transports(2, 1, Duration::from_secs(10), settings(Some(8))).unwrap();
+    let dropping = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let flag = dropping.clone();
+    fabric.drop_datagrams_matching(u32::MAX, move |b| {
+        flag.load(std::sync::atomic::Ordering::Relaxed) && is_control(b, 2)
+    });
+    let len = 16 * 1024;
+    ranks[0].send(1, frame(0, pattern(0, len))).unwrap();
+    let mut got = vec![Vec::new(), Vec::new()];
+    pump_until(&ranks, &mut got, |r| r[0].counters().cm.failed > 0).await;
+    dropping.store(false, std::sync::atomic::Ordering::Relaxed);
+    let rest = 1 - got[1].len();
+    got[1].extend(pump(&ranks, &[0, rest]).await.swap_remove(1));
+    assert_in_order(&got[1], 0, 1, |_| len);
+    let c0 = ranks[0].counters();
+    assert!(c0.cm.failed >= 1 && c0.cm.established == 1, "{c0:?}");
+    assert!(ranks[0].is_over_rc(1), "{c0:?}");
+}
+
 #[tokio::test]
 async fn duplicated_control_messages_change_nothing() {
     let SimulatedTransports {
