@@ -300,7 +300,7 @@ impl<P: Provider> AdaptiveTransport<P> {
         }
     }
 
-    /// Sends what the connection manager produced and carries out its events.
+    /// Carries out what the connection manager decided, then sends its messages.
     fn run_cm(&self, s: &mut State) {
         let mut again = Vec::new();
         loop {
@@ -331,9 +331,11 @@ impl<P: Provider> AdaptiveTransport<P> {
     }
 
     fn run_cm_once(&self, s: &mut State, again: &mut Vec<u32>) {
-        while let Some((to, m)) = s.cm.poll_transmit() {
-            self.send_control(to, m);
-        }
+        // Events first: the queue pair is connected before the Reply (or Confirm) that lets
+        // the peer send on it leaves, as an InfiniBand CM moves its queue pair to RTR before
+        // it answers. Sent first, a Reply could reach a peer on another thread that connects
+        // and writes before this side's queue pair is ready: the write fails, and each side
+        // reports the other lost (seen once in a few hundred multi-rank runs).
         while let Some(ev) = s.cm.poll_event() {
             match ev {
                 CmEvent::Connect { peer, remote } => {
@@ -367,6 +369,9 @@ impl<P: Provider> AdaptiveTransport<P> {
                     }
                 }
             }
+        }
+        while let Some((to, m)) = s.cm.poll_transmit() {
+            self.send_control(to, m);
         }
     }
 

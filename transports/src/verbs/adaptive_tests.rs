@@ -263,6 +263,51 @@ async fn a_failed_exchange_with_a_large_frame_waiting_is_tried_again() {
     assert!(ranks[0].is_over_rc(1), "{c0:?}");
 }
 
+/// The responder's queue pair is connected before its Reply leaves (and the requester's before
+/// its Confirm): the peer that gets either may write at once. Checked where the fabric carries
+/// each of them.
+#[tokio::test]
+async fn a_queue_pair_is_connected_before_the_message_that_lets_the_peer_write() {
+    let SimulatedTransports {
+        fabric,
+        transports: ranks,
+        ..
+    } = simulated_adaptive_transports(2, 1, Duration::from_secs(10), settings(Some(2))).unwrap();
+    let seen: Arc<std::sync::Mutex<Vec<(u8, bool)>>> = Arc::default();
+    let (log, responder, requester) = (seen.clone(), ranks[1].clone(), ranks[0].clone());
+    // A rule that never drops: it only looks (it runs for every datagram).
+    fabric.drop_datagrams_matching(u32::MAX, move |b| {
+        if is_control(b, 2) {
+            log.lock()
+                .unwrap()
+                .push((2, responder.rc().is_connected(0)));
+        }
+        if is_control(b, 3) {
+            log.lock()
+                .unwrap()
+                .push((3, requester.rc().is_connected(1)));
+        }
+        false
+    });
+    for seq in 0..6 {
+        ranks[0].send(1, frame(seq, pattern(seq, 100))).unwrap();
+    }
+    let mut got = vec![Vec::new(), Vec::new()];
+    pump_until(&ranks, &mut got, |r| {
+        r[0].counters().cm.established > 0 && r[1].counters().cm.established > 0
+    })
+    .await;
+    let rest = 6 - got[1].len();
+    got[1].extend(pump(&ranks, &[0, rest]).await.swap_remove(1));
+    assert_in_order(&got[1], 0, 6, |_| 100);
+    let seen = seen.lock().unwrap().clone();
+    assert!(
+        seen.contains(&(2, true)) && seen.contains(&(3, true)),
+        "{seen:?}"
+    );
+    assert!(seen.iter().all(|&(_, connected)| connected), "{seen:?}");
+}
+
 #[tokio::test]
 async fn duplicated_control_messages_change_nothing() {
     let SimulatedTransports {
