@@ -7,7 +7,7 @@
 use std::task::{Context, Poll};
 
 use crate::error::TransportError;
-use crate::frame::Frame;
+use crate::frame::{Frame, Header};
 use crate::stats::TransportStats;
 
 /// What a transport guarantees and can do.
@@ -79,6 +79,21 @@ pub trait Transport: Send + Sync + 'static {
     /// `true`) is correct for any transport.
     fn may_have_arrivals(&self) -> bool {
         true
+    }
+
+    /// Offers the next frame from world rank `from` to `take` where the transport holds it (its
+    /// header decoded, its payload borrowed), without draining anything else; the frame is
+    /// consumed only if `take` returns `true`. Returns whether it was.
+    ///
+    /// This is the receive side's short cut: a receive waiting for one sender copies its eager
+    /// message straight out of the transport's buffer instead of the frame travelling through
+    /// [`drain`](Self::drain), the arrival queue and matching. The frame offered must be the one
+    /// `drain` would deliver next from `from`, so per-sender order holds. A frame that cannot be
+    /// offered in place (one still arriving in pieces, a control record) is left for `drain`.
+    /// The default offers nothing.
+    fn offer_next(&self, from: u32, take: &mut dyn FnMut(&Header, &[u8]) -> bool) -> bool {
+        let _ = (from, take);
+        false
     }
 
     /// A poller has started busy-polling this rank: the transport may skip waking the parked

@@ -294,6 +294,20 @@ pub mod ring_api {
             }
         }
 
+        /// `RingConsumer::pop_if`.
+        pub fn pop_if<R>(
+            &mut self,
+            control: &RingControl,
+            data: &SharedBytes,
+            f: impl FnOnce(u8, &[u8]) -> Option<R>,
+        ) -> Popped<Option<R>> {
+            match self.0.pop_if(&control.0, data, f) {
+                ring::Popped::Empty => Popped::Empty,
+                ring::Popped::Record(r) => Popped::Record(r),
+                ring::Popped::Corrupt => Popped::Corrupt,
+            }
+        }
+
         /// `RingConsumer::discard_all`: whether the producer asked for space.
         pub fn discard_all(&mut self, control: &RingControl) -> bool {
             self.0.discard_all(&control.0)

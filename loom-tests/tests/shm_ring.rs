@@ -129,10 +129,23 @@ fn records_in_order_across_wrap() {
         while got.len() < records.len() {
             let before = got.len();
             while got.len() < records.len() && got.len() - before < 2 {
-                match pop(&mut c, &r) {
+                // Each record is first looked at and declined (a receive's in-place offer that
+                // does not want it), then read: both see the same bytes.
+                let mut peeked = None;
+                match c.pop_if(&r.control, &r.data, |kind, b| {
+                    peeked = Some((kind, b.to_vec()));
+                    None::<()>
+                }) {
                     Popped::Empty => break,
-                    Popped::Record(rec) => got.push(rec),
+                    Popped::Record(_) => {}
                     Popped::Corrupt => panic!("corrupt record after {got:?}"),
+                }
+                match pop(&mut c, &r) {
+                    Popped::Record(rec) => {
+                        assert_eq!(peeked.as_ref(), Some(&rec), "a declined record stays put");
+                        got.push(rec)
+                    }
+                    other => panic!("the declined record vanished: {other:?} after {got:?}"),
                 }
             }
             c.release(&r.control);

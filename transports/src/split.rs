@@ -14,7 +14,7 @@
 use std::sync::{Arc, RwLock};
 use std::task::{Context, Poll};
 
-use rankweave_core::frame::Frame;
+use rankweave_core::frame::{Frame, Header};
 use rankweave_core::{Arrival, Capabilities, Transport, TransportError, TransportStats};
 use rustc_hash::FxHashMap;
 
@@ -112,6 +112,11 @@ impl Transport for SplitTransport {
         let a = self.local.drain(out)?;
         let b = self.network.drain(out)?;
         Ok(a + b)
+    }
+
+    fn offer_next(&self, from: u32, take: &mut dyn FnMut(&Header, &[u8]) -> bool) -> bool {
+        // Only local peers write into this rank's rings; a remote one has nothing there.
+        self.local.offer_next(from, take)
     }
 
     fn poll_arrival(&self, cx: &mut Context<'_>) -> Poll<()> {

@@ -199,10 +199,11 @@ impl Future for RecvOp {
             },
             RecvState::Pending { id, wait, finished } => {
                 let id = *id;
-                let r = comm.inner.driver.poll_op(
+                let driver = &comm.inner.driver;
+                let r = driver.poll_op(
                     cx,
                     wait,
-                    |st| st.endpoint.take_recv(id),
+                    |st| driver.take_recv(st, id),
                     |st, w| st.park(Waiting::Recv(id), w),
                 );
                 r.map(|r| {

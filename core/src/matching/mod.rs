@@ -335,6 +335,18 @@ impl<R, M> Matcher<R, M> {
         }
     }
 
+    /// A message arrives for the queued receive `posted`, which the caller knows to be the
+    /// earliest-posted receive matching it (say, the only one queued): withdraws the receive
+    /// and returns it with the message's arrival number, as [`arrive`](Self::arrive) would
+    /// have, without looking at any other receive. `None` (and nothing changes) if the
+    /// receive is no longer queued.
+    pub fn arrive_for(&mut self, posted: PostedKey) -> Option<(R, u64)> {
+        let recv = self.cancel(posted)?;
+        let seq = self.next_arrival;
+        self.next_arrival += 1;
+        Some((recv, seq))
+    }
+
     /// Withdraws a queued receive. Returns `None` if it is no longer queued (it matched, was
     /// cancelled or was taken by [`take_posted_from`](Self::take_posted_from)).
     pub fn cancel(&mut self, key: PostedKey) -> Option<R> {

@@ -526,6 +526,79 @@ impl Endpoint {
         }
     }
 
+    /// The sender whose next frame receive `id` may take straight from the transport
+    /// ([`accept_direct`](Self::accept_direct)): the receive is waiting, names one sender, and
+    /// is the only receive queued, so no earlier receive has a claim on that sender's next
+    /// message and no queued message matches it.
+    pub fn direct_source(&self, id: RecvId) -> Option<u32> {
+        if self.matcher.posted_len() != 1 {
+            return None;
+        }
+        let op = self.recvs.get(id.0)?;
+        match op.state {
+            RecvState::Posted(_) if !op.orphaned => op.sel.source,
+            _ => None,
+        }
+    }
+
+    /// Offers receive `id` the next frame from world rank `from` where the transport holds it
+    /// (see [`direct_source`](Self::direct_source)). The receive takes it only if it is the
+    /// eager message it matches, in sequence and fitting: the message is then copied out and
+    /// the finished receive's result returned, exactly as if the frame had gone through
+    /// [`handle`](Self::handle) and [`take_matched`](Self::take_matched). Anything else is
+    /// declined (`None`, nothing changed) and must reach [`handle`](Self::handle) as usual.
+    pub fn accept_direct(
+        &mut self,
+        id: RecvId,
+        from: u32,
+        header: &Header,
+        payload: &[u8],
+    ) -> Option<Matched> {
+        let Header::Eager(env) = *header else {
+            return None;
+        };
+        if from == self.cfg.rank {
+            // Frames to self never wait in a transport.
+            return None;
+        }
+        let op = self.recvs.get(id.0)?;
+        let RecvState::Posted(posted) = op.state else {
+            return None;
+        };
+        let key = MatchKey {
+            context: env.context,
+            source: from,
+            tag: env.tag,
+        };
+        let len = payload.len();
+        if env.len != len as u64
+            || !op.sel.matches(&key)
+            || op.max_len.is_some_and(|c| len > c)
+            || op.orphaned
+        {
+            return None;
+        }
+        if from >= self.cfg.size {
+            return None;
+        }
+        let peer = self.peer(from);
+        if peer.lost || peer.next_recv_seq != env.seq {
+            return None;
+        }
+        let (_, seq) = self.matcher.arrive_for(posted)?;
+        self.peer(from).next_recv_seq += 1;
+        self.recvs.remove(id.0);
+        self.stats.frames_received += 1;
+        self.stats.bytes_received += len as u64;
+        self.give_credit(from, len as u64 + EAGER_OVERHEAD);
+        let received = Received {
+            source: from,
+            tag: env.tag,
+            data: Bytes::copy_from_slice(payload),
+        };
+        Some(Matched { received, seq, key })
+    }
+
     /// The application dropped a message it had taken but not read: it goes back to the
     /// unexpected queue at its original place, so nothing is lost. (Its eager credit was
     /// already given back when it was taken.)

@@ -237,6 +237,21 @@ impl Net {
     fn events(&mut self, rank: u32) -> Vec<Event> {
         std::mem::take(&mut self.events[rank as usize])
     }
+
+    /// What a driver does for receive `id` of `rank` waiting on one sender: offers it the next
+    /// frame on the link from that sender where it lies ([`Endpoint::accept_direct`]). Returns
+    /// the message if the receive took it (the frame leaves the link), `None` if it was not
+    /// offered or was declined (the frame stays first on the link).
+    fn offer(&mut self, rank: u32, id: RecvId) -> Option<Msg> {
+        let from = self.ep(rank).direct_source(id)?;
+        let frame = self.links.get(&(from, rank))?.front()?.clone();
+        let m = self
+            .ep(rank)
+            .accept_direct(id, from, &frame.header, &frame.payload)?;
+        self.links.get_mut(&(from, rank))?.pop_front();
+        self.flush(rank);
+        Some(Msg(m.received))
+    }
 }
 
 /// `len` bytes of a pattern that differs per `seed` and per position.
@@ -1410,4 +1425,136 @@ fn malformed_attached_rts_is_rejected() {
     };
     net.inject(1, 0, rts);
     assert_rejected(&mut net, 1, 1);
+}
+
+// The short cut of a receive waiting for one sender (`direct_source` / `accept_direct`): it takes
+// exactly what matching would have given it, and declines everything else.
+
+#[test]
+fn a_lone_receive_takes_its_eager_message_where_it_lies() {
+    let mut net = Net::new(2);
+    let r = net.recv(1, Some(0), Some(7), None);
+    assert_eq!(net.ep(1).direct_source(r), Some(0));
+    net.send(0, 1, 7, b"hello");
+    let m = net.offer(1, r).expect("taken in place");
+    assert_eq!(Some(Ok(m)), ok(0, 7, b"hello"));
+    assert_eq!(net.in_flight(), 0);
+    assert_eq!(
+        net.events(1),
+        vec![],
+        "no completion event: the caller has the result"
+    );
+    let s = net.stats(1);
+    assert_eq!((s.frames_received, s.bytes_received), (1, 5));
+    assert_eq!((s.posted_receives, s.unexpected_messages), (0, 0));
+    assert_eq!(net.take(1, r), None, "the receive is gone");
+    // The stream goes on through the usual path, in sequence.
+    let r2 = net.recv(1, Some(0), None, None);
+    net.send(0, 1, 8, b"next");
+    net.run();
+    assert_eq!(net.take(1, r2), ok(0, 8, b"next"));
+    assert_eq!(net.stats(1).protocol_errors, 0);
+}
+
+#[test]
+fn the_short_cut_declines_what_matching_would_not_give_the_receive() {
+    let mut net = Net::new(3);
+    // A wildcard receive: no single sender.
+    let any = net.recv(1, None, Some(1), None);
+    assert_eq!(net.ep(1).direct_source(any), None);
+    net.cancel(1, any);
+    // Another receive is queued: it may have a claim on the same message.
+    let a = net.recv(1, Some(0), None, None);
+    let b = net.recv(1, Some(0), Some(1), None);
+    assert_eq!(net.ep(1).direct_source(a), None);
+    assert_eq!(net.ep(1).direct_source(b), None);
+    net.cancel(1, a);
+    // Wrong tag, a message too long, a rendezvous request: declined and left in place.
+    net.send(0, 1, 2, b"other tag");
+    assert!(net.offer(1, b).is_none());
+    assert_eq!(net.pending(0, 1).len(), 1);
+    net.run();
+    let small = net.recv(1, Some(0), Some(2), Some(4));
+    assert_eq!(
+        net.take(1, small).map(|r| r.is_err()),
+        Some(true),
+        "truncated"
+    );
+    let fits = net.recv(1, Some(0), Some(2), None);
+    assert_eq!(net.take(1, fits), ok(0, 2, b"other tag"));
+    let big = pattern(2000, 3);
+    net.send(0, 1, 1, &big);
+    assert!(matches!(net.pending(0, 1)[..], [Header::Rts { .. }]));
+    assert!(net.offer(1, b).is_none());
+    net.run();
+    assert_eq!(net.take(1, b), ok(0, 1, &big));
+    // A message from another sender is not this receive's.
+    let c = net.recv(1, Some(0), Some(1), None);
+    net.send(2, 1, 1, b"from 2");
+    let frame = net.links[&(2, 1)].front().cloned().expect("queued");
+    assert!(
+        net.ep(1)
+            .accept_direct(c, 2, &frame.header, &frame.payload)
+            .is_none()
+    );
+    // Nor is a message out of sequence (a replayed one).
+    net.send(0, 1, 1, b"in order");
+    let mut replay = net.links[&(0, 1)].front().cloned().expect("queued");
+    if let Header::Eager(e) = &mut replay.header {
+        e.seq += 5;
+    }
+    assert!(
+        net.ep(1)
+            .accept_direct(c, 0, &replay.header, &replay.payload)
+            .is_none()
+    );
+    assert_eq!(
+        net.offer(1, c),
+        Some(Msg(Received {
+            source: 0,
+            tag: 1,
+            data: Bytes::from_static(b"in order")
+        }))
+    );
+    assert_eq!(net.stats(1).protocol_errors, 0);
+}
+
+#[test]
+fn a_message_taken_in_place_and_given_back_keeps_its_place() {
+    let mut net = Net::new(2);
+    let r = net.recv(1, Some(0), None, None);
+    net.send(0, 1, 1, b"first");
+    let frame = net.links.get_mut(&(0, 1)).and_then(VecDeque::pop_front);
+    let frame = frame.expect("queued");
+    let taken = net.ep(1).accept_direct(r, 0, &frame.header, &frame.payload);
+    let taken = taken.expect("taken in place");
+    net.send(0, 1, 2, b"second");
+    net.run();
+    // The application dropped the message unread: it goes back ahead of the later one.
+    net.ep(1).give_back(taken);
+    let a = net.recv(1, Some(0), None, None);
+    let b = net.recv(1, Some(0), None, None);
+    assert_eq!(net.take(1, a), ok(0, 1, b"first"));
+    assert_eq!(net.take(1, b), ok(0, 2, b"second"));
+}
+
+#[test]
+fn credit_taken_in_place_is_given_back() {
+    // 64 KiB of unexpected limit over two ranks: 32 KiB of credit each, given back in quarters.
+    let mut net = Net::with(2, 1024, 64 * 1024, 1000);
+    for i in 0..100u32 {
+        let r = net.recv(1, Some(0), None, None);
+        net.send(0, 1, i, &[1u8; 900]);
+        if net.offer(1, r).is_none() {
+            // A credit frame was first in line: the usual path delivers both.
+            net.run();
+            assert_eq!(net.take(1, r).map(|m| m.is_ok()), Some(true));
+        }
+        net.run();
+    }
+    let s = net.stats(0);
+    assert_eq!(
+        s.rendezvous_messages_sent, 0,
+        "credit came back: every send stayed eager"
+    );
 }

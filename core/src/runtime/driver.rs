@@ -15,7 +15,7 @@ use rustc_hash::FxHashMap;
 
 use crate::config::{Config, ProgressPolicy};
 use crate::error::Error;
-use crate::protocol::{Endpoint, EndpointConfig, Event, RecvId, SendId};
+use crate::protocol::{Endpoint, EndpointConfig, Event, Received, RecvId, SendId};
 use crate::stats::Stats;
 use crate::transport::{Arrival, Transport};
 
@@ -235,6 +235,35 @@ impl Driver {
             };
             wake.extend(w);
         }
+    }
+
+    /// The result of receive `id` once it finished, or `None` while it waits.
+    ///
+    /// A receive waiting for one sender first takes that sender's next frame straight from the
+    /// transport if it is the eager message it wants ([`Transport::offer_next`],
+    /// [`Endpoint::accept_direct`]): the common small message skips the arrival queue,
+    /// matching and completion events. Anything else is left for the pump.
+    pub(crate) fn take_recv(
+        &self,
+        st: &mut DriverState,
+        id: RecvId,
+    ) -> Option<Result<Received, Error>> {
+        if let Some(r) = st.endpoint.take_recv(id) {
+            return Some(r);
+        }
+        let from = st.endpoint.direct_source(id)?;
+        let mut taken = None;
+        let endpoint = &mut st.endpoint;
+        self.transport.offer_next(from, &mut |header, payload| {
+            taken = endpoint.accept_direct(id, from, header, payload);
+            taken.is_some()
+        });
+        let m = taken?;
+        if !st.wakers.is_empty() {
+            // It parked once; no completion event will come to take its waker away.
+            st.unpark(Waiting::Recv(id));
+        }
+        Some(Ok(m.received))
     }
 
     /// Pumps once; used by the progress task.

@@ -10,7 +10,7 @@
 //! ring's own rules is given up (the peer is then treated as failed).
 
 use bytes::{Bytes, BytesMut};
-use rankweave_core::frame::Frame;
+use rankweave_core::frame::{Frame, Header};
 use rankweave_core::{Arrival, wire};
 
 use std::sync::Arc;
@@ -189,6 +189,43 @@ impl Inbound {
         }
         outcome.producer_waits = self.consumer.release(control) || waits;
         outcome
+    }
+}
+
+impl Inbound {
+    /// Offers the next record to `take` if it is an inline frame (header decoded where it
+    /// lies, payload borrowed from the ring) and consumes it if `take` accepts: the short cut
+    /// of a receive waiting for this sender (see `Transport::offer_next`). Anything else —
+    /// an empty ring, another kind of record, a frame that does not decode — is left for
+    /// [`read`](Self::read), which handles and counts it. Returns the payload bytes taken, and
+    /// whether the producer waits for space (and must be signalled).
+    pub(crate) fn offer_frame(
+        &mut self,
+        own: &Segment,
+        take: impl FnOnce(&Header, &[u8]) -> bool,
+    ) -> (Option<usize>, bool) {
+        if self.stream.said_bye || self.stream.broken {
+            return (None, false);
+        }
+        let Some((control, data)) = own.ring(self.stream.sender) else {
+            return (None, false);
+        };
+        let popped = self.consumer.pop_if(control, &data, |kind, body| {
+            if kind != record::FRAME {
+                return None;
+            }
+            match wire::decode_header(body) {
+                Ok((h, declared, used)) if declared == (body.len() - used) as u64 => {
+                    let payload = &body[used..];
+                    take(&h, payload).then_some(payload.len())
+                }
+                _ => None,
+            }
+        });
+        match popped {
+            Popped::Record(Some(n)) => (Some(n), self.consumer.release(control)),
+            Popped::Record(None) | Popped::Empty | Popped::Corrupt => (None, false),
+        }
     }
 }
 

@@ -35,7 +35,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use rankweave_core::frame::Frame;
+use rankweave_core::frame::{Frame, Header};
 use rankweave_core::{
     Arrival, Capabilities, Communicator, Config, Error, ShmConfig, ShmCounters, Transport,
     TransportError, TransportStats,
@@ -294,6 +294,10 @@ impl Transport for ShmTransport {
 
     fn drain(&self, out: &mut Vec<Arrival>) -> Result<usize, TransportError> {
         self.rank.drain(out)
+    }
+
+    fn offer_next(&self, from: u32, take: &mut dyn FnMut(&Header, &[u8]) -> bool) -> bool {
+        self.rank.offer_next(from, take)
     }
 
     fn poll_arrival(&self, cx: &mut Context<'_>) -> Poll<()> {
@@ -833,6 +837,34 @@ impl Transport for ShmRank {
             n += self.report_lost(gone, out);
         }
         Ok(n)
+    }
+
+    fn offer_next(&self, from: u32, take: &mut dyn FnMut(&Header, &[u8]) -> bool) -> bool {
+        if self.closed.load(Ordering::Acquire) {
+            return false;
+        }
+        let Ok(mut inbound) = self.inbound.try_lock() else {
+            // Another thread is reading; it delivers what is there.
+            return false;
+        };
+        if self.own.has_senders_beyond(inbound.known) {
+            self.add_senders(&mut inbound);
+        }
+        let Some(ring) = inbound.rings.iter_mut().find(|r| r.sender() == from) else {
+            return false;
+        };
+        let (taken, producer_waits) = ring.offer_frame(&self.own, take);
+        if let Some(n) = taken {
+            inbound.frames_received += 1;
+            inbound.bytes_received += n as u64;
+        }
+        drop(inbound);
+        if producer_waits {
+            if let Some(peer) = self.peer_if_connected(from) {
+                self.nudge(peer);
+            }
+        }
+        taken.is_some()
     }
 
     fn poll_arrival(&self, cx: &mut Context<'_>) -> Poll<()> {

@@ -292,6 +292,34 @@ impl RingConsumer {
         data: &SharedBytes,
         f: impl FnOnce(u8, &[u8]) -> R,
     ) -> Popped<R> {
+        self.read_next(control, data, |kind, body| (f(kind, body), true))
+    }
+
+    /// Like [`pop`](Self::pop), but the record is consumed only if `f` returns `Some`;
+    /// otherwise it stays first in line (`Record(None)`). Padding before it is consumed either
+    /// way: it carries nothing.
+    pub(crate) fn pop_if<R>(
+        &mut self,
+        control: &RingControl,
+        data: &SharedBytes,
+        f: impl FnOnce(u8, &[u8]) -> Option<R>,
+    ) -> Popped<Option<R>> {
+        self.read_next(control, data, |kind, body| {
+            let r = f(kind, body);
+            let consumed = r.is_some();
+            (r, consumed)
+        })
+    }
+
+    /// Finds the next record (consuming padding), calls `f(kind, body)` with it and consumes
+    /// it if `f` says so.
+    #[inline(always)]
+    fn read_next<R>(
+        &mut self,
+        control: &RingControl,
+        data: &SharedBytes,
+        f: impl FnOnce(u8, &[u8]) -> (R, bool),
+    ) -> Popped<R> {
         loop {
             if self.tail == self.head_seen {
                 self.head_seen = control.producer.head.load(Ordering::Acquire);
@@ -323,8 +351,11 @@ impl RingConsumer {
                 continue;
             }
             // SAFETY: the record lies within the published, unreleased bytes (checked above).
-            let r = unsafe { data.with_slice(at + RECORD_HEADER, body, |b| f(kind, b)) };
-            self.tail += footprint as u64;
+            let (r, consumed) =
+                unsafe { data.with_slice(at + RECORD_HEADER, body, |b| f(kind, b)) };
+            if consumed {
+                self.tail += footprint as u64;
+            }
             return Popped::Record(r);
         }
     }
@@ -442,6 +473,37 @@ mod tests {
         assert_eq!(
             p.try_push(&r.control, &r.data, 1, &[&[7u8; 40]]),
             Pushed::Done
+        );
+    }
+
+    #[test]
+    fn a_record_declined_by_pop_if_stays_first_across_a_wrap() {
+        let (r, g) = ring(256, 16);
+        let mut p = RingProducer::new(&r.control, g);
+        let mut c = RingConsumer::new(&r.control, g);
+        // Thirteen 16-byte records, read and released: 48 bytes are left before the end, so
+        // the next record of 64 goes after a pad at the start.
+        for _ in 0..13 {
+            assert_eq!(p.try_push(&r.control, &r.data, 1, &[b"x"]), Pushed::Done);
+            assert!(matches!(pop(&mut c, &r), Popped::Record(_)));
+            c.release(&r.control);
+        }
+        assert_eq!(
+            p.try_push(&r.control, &r.data, 2, &[&[5u8; 56]]),
+            Pushed::Done
+        );
+        let declined = c.pop_if(&r.control, &r.data, |k, b| {
+            assert_eq!((k, b.len()), (2, 56));
+            None::<()>
+        });
+        assert_eq!(declined, Popped::Record(None));
+        assert_eq!(
+            c.pop_if(&r.control, &r.data, |k, b| Some((k, b.len()))),
+            Popped::Record(Some((2, 56)))
+        );
+        assert_eq!(
+            c.pop_if(&r.control, &r.data, |_, _| Some(())),
+            Popped::Empty
         );
     }
 

@@ -331,3 +331,49 @@ async fn a_busy_poller_that_finishes_without_parking_leaves_the_rank_wakeable() 
         "the frame sent after the busy poller left was not noticed: {got:?}"
     );
 }
+
+#[tokio::test]
+async fn a_frame_offered_in_place_is_taken_or_left_for_drain_in_order() {
+    let t = job(3, settings(64 * 1024, true));
+    // Nothing there yet (and no ring from that sender known).
+    assert!(!t[1].offer_next(0, &mut |_, _| panic!("nothing to offer")));
+    for seq in 0..10u64 {
+        t[0].send(1, eager(seq, pattern(100, seq))).unwrap();
+        t[2].send(1, eager(seq, pattern(10, seq))).unwrap();
+    }
+    // Offers `seq`'s frame from rank 0, taking it or not; checks what was offered.
+    let offer = |expected: u64, take: bool| {
+        let mut seen = None;
+        let took = t[1].offer_next(0, &mut |h, payload| {
+            seen = Some((*h, payload.to_vec()));
+            take
+        });
+        let (h, payload) = seen.expect("a frame from rank 0 is waiting");
+        assert!(matches!(h, Header::Eager(e) if e.seq == expected), "{h:?}");
+        assert_eq!(payload, pattern(100, expected));
+        took
+    };
+    assert!(offer(0, true));
+    // A declined frame stays first in line.
+    assert!(!offer(1, false));
+    assert!(!offer(1, false));
+    assert_eq!(t[1].counters().frames_received, 1);
+    // Drain delivers the rest of both senders' frames, each sender's in order, the declined one
+    // first.
+    let out = collect(&t[1], &[&t[0], &t[2]], 19);
+    let seqs = |from: u32| -> Vec<u64> {
+        out.iter()
+            .filter_map(|a| match a {
+                Arrival::Frame { from: f, frame } if *f == from => match frame.header {
+                    Header::Eager(e) => Some(e.seq),
+                    _ => None,
+                },
+                _ => None,
+            })
+            .collect()
+    };
+    assert_eq!(seqs(0), (1..10).collect::<Vec<_>>());
+    assert_eq!(seqs(2), (0..10).collect::<Vec<_>>());
+    assert_eq!(t[1].counters().frames_received, 20);
+    assert!(!t[1].offer_next(0, &mut |_, _| panic!("all read")));
+}
