@@ -11,7 +11,7 @@
 
 use std::sync::{Arc, Mutex, OnceLock};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 
 /// Buffers smaller than this come from the allocator directly: they are cheap to get. From a
 /// page up they are pooled: a window of outstanding 16 KiB receives, freed together, is enough
@@ -138,6 +138,31 @@ impl AsRef<[u8]> for Pooled {
 impl Drop for Pooled {
     fn drop(&mut self) {
         self.pool.give_back(std::mem::take(&mut self.buf));
+    }
+}
+
+/// Bytes of each chunk [`SmallCopies`] copies into.
+const SMALL_CHUNK: usize = 16 * 1024;
+
+/// Copies of small payloads (out of a ring, say) packed into shared chunks: one allocation
+/// per chunk instead of one per message (a message's `Bytes` keeps its chunk alive, so chunks
+/// are kept small: a message the application holds on to does not hold much else).
+#[derive(Debug, Default)]
+pub struct SmallCopies {
+    chunk: BytesMut,
+}
+
+impl SmallCopies {
+    /// A copy of `data`.
+    pub fn copy(&mut self, data: &[u8]) -> Bytes {
+        if data.is_empty() {
+            return Bytes::new();
+        }
+        if self.chunk.capacity() < data.len() {
+            self.chunk = BytesMut::with_capacity(SMALL_CHUNK.max(data.len()));
+        }
+        self.chunk.extend_from_slice(data);
+        self.chunk.split().freeze()
     }
 }
 

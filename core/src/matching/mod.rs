@@ -120,6 +120,10 @@ impl Selector {
     }
 }
 
+/// The slot a [`PostedKey`] names for the receive kept outside the lists (`Matcher::solo`);
+/// no slab slot is ever this large.
+const SOLO: usize = usize::MAX;
+
 /// Number of selector shapes, hence of indexes per queue.
 const LANES: usize = 4;
 
@@ -194,6 +198,11 @@ pub struct Matcher<R, M> {
     /// Queued receives per selector shape, so an arrival only looks up shapes in use (usually
     /// just exact receives: one lookup instead of four).
     posted_shapes: [usize; LANES],
+    /// One queued receive kept outside the lists: the first one posted while this place is
+    /// free. A rank that waits for one message at a time (a ping-pong, a collective's next
+    /// step, whose tag is new every time) never touches the lists; when others are queued
+    /// too, its posting number decides between it and the lists' fronts.
+    solo: Option<Posted<R>>,
     next_post: u64,
     next_arrival: u64,
 }
@@ -221,6 +230,7 @@ impl<R, M> Matcher<R, M> {
             unexpected: SlabLists::new(),
             fresh: VecDeque::new(),
             posted_shapes: [0; LANES],
+            solo: None,
             next_post: 0,
             next_arrival: 0,
         }
@@ -244,6 +254,10 @@ impl<R, M> Matcher<R, M> {
         }
         let seq = self.next_post;
         self.next_post += 1;
+        if self.solo.is_none() {
+            self.solo = Some(Posted { seq, sel, recv });
+            return PostOutcome::Queued(PostedKey { slot: SOLO, seq });
+        }
         let slot = self.posted.push_back([sel], Posted { seq, sel, recv });
         self.posted_shapes[sel.lane()] += 1;
         PostOutcome::Queued(PostedKey { slot, seq })
@@ -350,6 +364,9 @@ impl<R, M> Matcher<R, M> {
     /// Withdraws a queued receive. Returns `None` if it is no longer queued (it matched, was
     /// cancelled or was taken by [`take_posted_from`](Self::take_posted_from)).
     pub fn cancel(&mut self, key: PostedKey) -> Option<R> {
+        if key.slot == SOLO {
+            return self.solo.take_if(|p| p.seq == key.seq).map(|p| p.recv);
+        }
         // The posting number guards against the slot having been reused by a newer receive.
         let posted = self.posted.get(key.slot)?;
         (posted.seq == key.seq).then(|| self.remove_posted(key.slot))
@@ -377,15 +394,17 @@ impl<R, M> Matcher<R, M> {
     /// This scans all queued receives; it runs once per lost peer, not per message.
     pub fn take_posted_from(&mut self, source: u32) -> Vec<R> {
         let mut doomed: Vec<(u64, usize)> = self
-            .posted
-            .iter()
+            .posted_iter()
             .filter(|(_, posted)| posted.sel.source == Some(source))
             .map(|(slot, posted)| (posted.seq, slot))
             .collect();
         doomed.sort_unstable();
         doomed
             .into_iter()
-            .map(|(_, slot)| self.remove_posted(slot))
+            .filter_map(|(_, slot)| match slot {
+                SOLO => self.solo.take().map(|p| p.recv),
+                _ => Some(self.remove_posted(slot)),
+            })
             .collect()
     }
 
@@ -396,12 +415,36 @@ impl<R, M> Matcher<R, M> {
 
     /// Number of queued receives.
     pub fn posted_len(&self) -> usize {
-        self.posted.len()
+        self.posted.len() + usize::from(self.solo.is_some())
     }
 
-    /// Removes and returns the earliest-posted queued receive matching `key`: the earliest of
-    /// the fronts of the four lists whose selectors match it.
+    /// Every queued receive with its slot ([`SOLO`] for the one outside the lists).
+    fn posted_iter(&self) -> impl Iterator<Item = (usize, &Posted<R>)> {
+        self.solo
+            .iter()
+            .map(|p| (SOLO, p))
+            .chain(self.posted.iter())
+    }
+
+    /// Removes and returns the earliest-posted queued receive matching `key`: the solo one or
+    /// the earliest of the fronts of the lists whose selectors match it.
     fn take_earliest_posted(&mut self, key: &MatchKey) -> Option<R> {
+        let solo = self
+            .solo
+            .as_ref()
+            .filter(|p| p.sel.matches(key))
+            .map(|p| p.seq);
+        match (solo, self.earliest_listed(key)) {
+            (Some(solo), Some((listed, _))) if solo < listed => self.solo.take().map(|p| p.recv),
+            (_, Some((_, slot))) => Some(self.remove_posted(slot)),
+            (Some(_), None) => self.solo.take().map(|p| p.recv),
+            (None, None) => None,
+        }
+    }
+
+    /// The posting number and slot of the earliest receive in the lists matching `key`: the
+    /// earliest of the fronts of the (at most four) lists whose selectors match it.
+    fn earliest_listed(&self, key: &MatchKey) -> Option<(u64, usize)> {
         if self.posted.len() == 0 {
             return None;
         }
@@ -414,10 +457,9 @@ impl<R, M> Matcher<R, M> {
                 tag: Some(key.tag),
             };
             let slot = self.posted.front(0, &exact)?;
-            return Some(self.remove_posted(slot));
+            return Some((self.posted.get(slot)?.seq, slot));
         }
-        let (_, slot) = key
-            .selectors()
+        key.selectors()
             .iter()
             .enumerate()
             .filter(|&(lane, _)| self.posted_shapes[lane] > 0)
@@ -425,8 +467,7 @@ impl<R, M> Matcher<R, M> {
                 let slot = self.posted.front(0, sel)?;
                 Some((self.posted.get(slot)?.seq, slot))
             })
-            .min()?;
-        Some(self.remove_posted(slot))
+            .min()
     }
 
     fn remove_posted(&mut self, slot: usize) -> R {
@@ -487,7 +528,7 @@ impl<R, M> Matcher<R, M> {
                 "a fresh message is older than an indexed one"
             );
         }
-        for (_, posted) in self.posted.iter() {
+        for (_, posted) in self.posted_iter() {
             for u in self.unexpected.iter().map(|(_, u)| u).chain(&self.fresh) {
                 assert!(
                     !posted.sel.matches(&u.key),

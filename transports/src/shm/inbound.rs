@@ -9,7 +9,7 @@
 //! length that cannot be allocated is dropped and counted, and a ring whose bytes break the
 //! ring's own rules is given up (the peer is then treated as failed).
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use rankweave_core::frame::{Frame, Header};
 use rankweave_core::{Arrival, wire};
 
@@ -19,11 +19,7 @@ use super::cma;
 use super::record::{self, Record};
 use super::ring::{Popped, RingConsumer};
 use super::segment::Segment;
-use rankweave_core::buffer_pool::BufferPool;
-
-/// Bytes of each chunk small frames are copied into: small enough that a message the
-/// application keeps long does not keep much else alive with it.
-const ARENA_CHUNK: usize = 16 * 1024;
+use rankweave_core::buffer_pool::{BufferPool, SmallCopies};
 
 /// Payload bytes after which one read stops (see [`Inbound::read`]).
 const READ_BYTES: usize = 256 * 1024;
@@ -80,9 +76,8 @@ pub(crate) struct Inbound {
 #[derive(Debug)]
 struct Stream {
     sender: u32,
-    /// Small frames are copied out of the ring into slices of this chunk: one allocation per
-    /// chunk instead of one per frame (a frame's `Bytes` keeps its chunk alive).
-    arena: BytesMut,
+    /// Where small frames are copied out of the ring to.
+    arena: SmallCopies,
     partial: Option<Partial>,
     said_bye: bool,
     broken: bool,
@@ -96,7 +91,7 @@ impl Inbound {
             consumer: RingConsumer::new(control, own.geometry()),
             stream: Stream {
                 sender,
-                arena: BytesMut::new(),
+                arena: SmallCopies::default(),
                 partial: None,
                 said_bye: false,
                 broken: false,
@@ -254,15 +249,7 @@ impl Stream {
                     _ => return Handled::Malformed,
                 };
                 let n = payload.len();
-                let payload = if n == 0 {
-                    Bytes::new()
-                } else {
-                    if self.arena.capacity() < n {
-                        self.arena = BytesMut::with_capacity(ARENA_CHUNK.max(n));
-                    }
-                    self.arena.extend_from_slice(payload);
-                    self.arena.split().freeze()
-                };
+                let payload = self.arena.copy(payload);
                 out.push(Arrival::Frame {
                     from: self.sender,
                     frame: Frame { header, payload },
