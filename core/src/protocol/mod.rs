@@ -560,8 +560,8 @@ impl Endpoint {
         let Header::Eager(env) = *header else {
             return None;
         };
-        if from == self.cfg.rank {
-            // Frames to self never wait in a transport.
+        // Frames to self never wait in a transport.
+        if from == self.cfg.rank || from >= self.cfg.size {
             return None;
         }
         let op = self.recvs.get(id.0)?;
@@ -579,9 +579,6 @@ impl Endpoint {
             || op.max_len.is_some_and(|c| len > c)
             || op.orphaned
         {
-            return None;
-        }
-        if from >= self.cfg.size {
             return None;
         }
         let peer = self.peer(from);

@@ -185,9 +185,7 @@ impl Inbound {
         outcome.producer_waits = self.consumer.release(control) || waits;
         outcome
     }
-}
 
-impl Inbound {
     /// Offers the next record to `take` if it is an inline frame (header decoded where it
     /// lies, payload borrowed from the ring) and consumes it if `take` accepts: the short cut
     /// of a receive waiting for this sender (see `Transport::offer_next`). Anything else —
@@ -209,13 +207,8 @@ impl Inbound {
             if kind != record::FRAME {
                 return None;
             }
-            match wire::decode_header(body) {
-                Ok((h, declared, used)) if declared == (body.len() - used) as u64 => {
-                    let payload = &body[used..];
-                    take(&h, payload).then_some(payload.len())
-                }
-                _ => None,
-            }
+            let (h, payload) = inline_frame(body)?;
+            take(&h, payload).then_some(payload.len())
         });
         match popped {
             Popped::Record(Some(n)) => (Some(n), self.consumer.release(control)),
@@ -240,13 +233,8 @@ impl Stream {
         match rec {
             Record::Frame(_) if discard => Handled::Nothing,
             Record::Frame(bytes) => {
-                // The header is decoded where it lies in the ring; only the payload is copied
-                // out (the checks are `wire::decode`'s).
-                let (header, payload) = match wire::decode_header(bytes) {
-                    Ok((h, declared, used)) if declared == (bytes.len() - used) as u64 => {
-                        (h, &bytes[used..])
-                    }
-                    _ => return Handled::Malformed,
+                let Some((header, payload)) = inline_frame(bytes) else {
+                    return Handled::Malformed;
                 };
                 let n = payload.len();
                 let payload = self.arena.copy(payload);
@@ -351,6 +339,17 @@ impl Stream {
             }
             Err(_) => Handled::Malformed,
         }
+    }
+}
+
+/// An inline frame's header, decoded where it lies in the ring, and its payload (the checks
+/// are `wire::decode`'s); `None` if it does not decode or its length disagrees.
+fn inline_frame(body: &[u8]) -> Option<(Header, &[u8])> {
+    match wire::decode_header(body) {
+        Ok((h, declared, used)) if declared == (body.len() - used) as u64 => {
+            Some((h, &body[used..]))
+        }
+        _ => None,
     }
 }
 
