@@ -122,6 +122,15 @@ pub trait Transport: Send + Sync + 'static {
         true
     }
 
+    /// A count that grows whenever data moves for this rank (for shared memory: records read
+    /// from its rings, and queued records written as a peer frees ring space). A busy poller
+    /// that sees it grow restarts its spin window, so a transfer longer than the window — a
+    /// long frame going through in pieces — keeps both ranks polling instead of waking each
+    /// other once per ring of pieces. The default (always 0) never restarts a window.
+    fn traffic(&self) -> u64 {
+        0
+    }
+
     /// The transport's counters (reliability, routes, dropped datagrams). The default has none.
     fn stats(&self) -> TransportStats {
         TransportStats::default()

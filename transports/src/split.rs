@@ -134,6 +134,10 @@ impl Transport for SplitTransport {
         self.local.may_have_arrivals() || self.network.may_have_arrivals()
     }
 
+    fn traffic(&self) -> u64 {
+        self.local.traffic().wrapping_add(self.network.traffic())
+    }
+
     fn begin_busy_poll(&self) {
         self.local.begin_busy_poll();
         self.network.begin_busy_poll();

@@ -313,6 +313,10 @@ impl Driver {
                     break;
                 }
             }
+            // Data moving for this rank (a long frame going out or coming in piece by piece)
+            // restarts the spin window: a transfer longer than the window is not left to
+            // wake-ups, one per ring of pieces.
+            wait.saw_traffic(self.transport.traffic());
             // Yield and come straight back: other tasks on this worker run in between, and no
             // wake-up (syscall) is needed to resume.
             cx.waker().wake_by_ref();
@@ -425,6 +429,8 @@ const CLOCK_EVERY: u32 = 32;
 #[derive(Debug, Default)]
 pub(crate) struct Wait {
     since: Option<Instant>,
+    /// [`Transport::traffic`] when last looked at.
+    traffic: u64,
     /// Never spin, whatever the policy (a background service's operation).
     park_only: bool,
 }
@@ -433,6 +439,16 @@ impl Wait {
     /// Makes this future park at once whenever it has to wait.
     pub(crate) fn park_only(&mut self) {
         self.park_only = true;
+    }
+
+    /// Restarts the spin window if the transport's traffic count moved since the last look.
+    fn saw_traffic(&mut self, traffic: u64) {
+        if traffic != self.traffic {
+            self.traffic = traffic;
+            if self.since.is_some() {
+                self.since = Some(Instant::now());
+            }
+        }
     }
 
     /// Whether the policy lets this future keep busy-polling.
@@ -476,5 +492,45 @@ pub(crate) struct RankLife {
 impl Drop for RankLife {
     fn drop(&mut self) {
         self.driver.begin_shutdown(std::thread::panicking());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spin_then_park(window: Duration) -> Config {
+        Config {
+            progress: ProgressPolicy::SpinThenPark,
+            spin: Some(window),
+            ..Config::default()
+        }
+    }
+
+    #[test]
+    fn the_spin_window_counts_from_the_last_traffic() {
+        let config = spin_then_park(Duration::from_millis(200));
+        let (mut quiet, mut busy) = (Wait::default(), Wait::default());
+        assert!(quiet.should_spin(&config) && busy.should_spin(&config));
+        std::thread::sleep(Duration::from_millis(250));
+        // No traffic since the wait began: the window has passed.
+        quiet.saw_traffic(0);
+        assert!(!quiet.should_spin(&config));
+        // Traffic moved meanwhile: the window starts again.
+        busy.saw_traffic(7);
+        assert!(busy.should_spin(&config));
+        // The same count again is no news.
+        std::thread::sleep(Duration::from_millis(250));
+        busy.saw_traffic(7);
+        assert!(!busy.should_spin(&config));
+    }
+
+    #[test]
+    fn traffic_before_the_first_spin_starts_no_window() {
+        let config = spin_then_park(Duration::from_millis(200));
+        let mut wait = Wait::default();
+        wait.saw_traffic(3);
+        assert_eq!(wait.since, None);
+        assert!(wait.should_spin(&config));
     }
 }

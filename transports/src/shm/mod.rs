@@ -166,6 +166,8 @@ struct Counters {
     bytes_sent: AtomicU64,
     signals_sent: AtomicU64,
     peers_lost: AtomicU64,
+    /// Records read from the rings and queued records published: [`Transport::traffic`].
+    traffic: AtomicU64,
 }
 
 fn bump(c: &AtomicU64, n: u64) {
@@ -306,6 +308,10 @@ impl Transport for ShmTransport {
 
     fn may_have_arrivals(&self) -> bool {
         self.rank.may_have_arrivals()
+    }
+
+    fn traffic(&self) -> u64 {
+        self.rank.counters.traffic.load(Ordering::Relaxed)
     }
 
     fn begin_busy_poll(&self) {
@@ -512,7 +518,7 @@ impl ShmRank {
             };
             info.single_copy.store(v, Ordering::Release);
         }
-        let out = Outbound::new(&segment, self.me.rank, self.settings.inline_max)
+        let out = Outbound::new(&segment, self.me.rank, &self.settings)
             .ok_or("this rank has no ring in the peer's segment")?;
         segment.register_sender(self.me.rank)?;
         Ok(Peer {
@@ -604,7 +610,13 @@ impl ShmRank {
                 continue;
             }
             let me = self.me.rank;
-            self.with_outbound(&peer, |out| ((), out.flush(&peer.segment, me)));
+            let published = self.with_outbound(&peer, |out| {
+                let published = out.flush(&peer.segment, me);
+                (published, published)
+            });
+            if published {
+                bump(&self.counters.traffic, 1);
+            }
         }
     }
 
@@ -631,7 +643,7 @@ impl ShmRank {
         let before = out.len();
         let mut effects = Vec::new();
         let mut lost = Vec::new();
-        let (mut malformed, mut bytes) = (0, 0);
+        let (mut malformed, mut bytes, mut records) = (0, 0, 0);
         for ring in inbound.rings.iter_mut() {
             if !ring.has_records(&self.own) {
                 continue;
@@ -647,6 +659,7 @@ impl ShmRank {
             let outcome = ring.read(&self.own, &into, READ_BUDGET, out, &mut effects);
             malformed += outcome.malformed as u64;
             bytes += outcome.bytes as u64;
+            records += outcome.records as u64;
             let Some(peer) = peer else {
                 if !ring.has_records(&self.own) {
                     ring.break_off(&self.own);
@@ -686,6 +699,9 @@ impl ShmRank {
             if outcome.producer_waits {
                 self.nudge(peer);
             }
+        }
+        if records > 0 {
+            bump(&self.counters.traffic, records);
         }
         inbound.malformed_dropped += malformed;
         inbound.bytes_received += bytes;

@@ -4,12 +4,13 @@
 //!
 //! 1. **Inline** (up to the inline limit): one `FRAME` record, header and payload copied into
 //!    the ring once; the receiver copies them out.
-//! 2. **Single copy** (larger, when the receiver said it can read this process's memory): a
-//!    `SINGLE_COPY` record with the frame's header and the payload's address and length. The
-//!    payload (a reference-counted `Bytes`) is *held* here until the receiver's `DONE` record
-//!    says it has read it with `process_vm_readv`.
-//! 3. **Pipelined** (larger, without single copy): the encoded frame in `CHUNK_FIRST`/`CHUNK`
-//!    records of at most a ring record each; the receiver reassembles them.
+//! 2. **Pipelined** (larger, up to the pipeline limit, or any size without single copy): the
+//!    encoded frame in `CHUNK_FIRST`/`CHUNK` records of at most a ring record each; the
+//!    receiver copies each piece out while this side writes the next, and reassembles them.
+//! 3. **Single copy** (payloads beyond the pipeline limit, when the receiver said it can read
+//!    this process's memory): a `SINGLE_COPY` record with the frame's header and the payload's
+//!    address and length. The payload (a reference-counted `Bytes`) is *held* here until the
+//!    receiver's `DONE` record says it has read it with `process_vm_readv`.
 //!
 //! When the ring is full, records wait in order in a queue here and go out as the receiver
 //! frees space ([`Outbound::flush`], called on every drain and whenever the receiver signals).
@@ -18,6 +19,7 @@
 use std::collections::VecDeque;
 
 use bytes::Bytes;
+use rankweave_core::config::ShmConfig;
 use rankweave_core::frame::Frame;
 use rankweave_core::wire;
 use rustc_hash::FxHashMap;
@@ -59,6 +61,8 @@ pub(crate) struct Outbound {
     held: FxHashMap<u64, Bytes>,
     next_token: u64,
     inline_max: usize,
+    /// Longer payloads go by single copy when the peer can read this rank's memory.
+    pipeline_max: usize,
     /// Times a record found the ring full and had to wait.
     pub(crate) full_events: u64,
     /// What was sent.
@@ -69,7 +73,7 @@ pub(crate) struct Outbound {
 
 impl Outbound {
     /// The sending side of the ring from `me` in `peer`'s segment.
-    pub(crate) fn new(peer: &Segment, me: u32, inline_max: usize) -> Option<Outbound> {
+    pub(crate) fn new(peer: &Segment, me: u32, settings: &ShmConfig) -> Option<Outbound> {
         let (control, _) = peer.ring(me)?;
         let geometry = peer.geometry();
         Some(Outbound {
@@ -77,7 +81,8 @@ impl Outbound {
             queue: VecDeque::new(),
             held: FxHashMap::default(),
             next_token: 0,
-            inline_max: inline_max.min(geometry.max_body()),
+            inline_max: settings.inline_max.min(geometry.max_body()),
+            pipeline_max: settings.pipeline_max,
             full_events: 0,
             counts: SendCounts::default(),
             blocked: false,
@@ -133,9 +138,11 @@ impl Outbound {
                 kind: record::FRAME,
                 body: [header, &frame.payload].concat(),
             }
-        } else if peer.pair_info(me).is_some_and(|p| {
-            p.single_copy.load(std::sync::atomic::Ordering::Acquire) == SINGLE_COPY_YES
-        }) {
+        } else if frame.payload.len() > self.pipeline_max
+            && peer.pair_info(me).is_some_and(|p| {
+                p.single_copy.load(std::sync::atomic::Ordering::Acquire) == SINGLE_COPY_YES
+            })
+        {
             self.counts.single_copy += 1;
             let token = self.next_token;
             self.next_token += 1;

@@ -5,10 +5,13 @@ use rankweave_core::frame::Header;
 
 use super::*;
 
+/// Settings where, with `single_copy`, every frame beyond the inline limit goes by single copy
+/// (no pipeline limit).
 fn settings(ring_bytes: usize, single_copy: bool) -> ShmConfig {
     ShmConfig {
         ring_bytes,
         inline_max: 16 * 1024,
+        pipeline_max: 0,
         single_copy,
     }
 }
@@ -128,6 +131,38 @@ async fn frames_of_every_size_arrive_whole_and_in_order_with_single_copy() {
 #[tokio::test]
 async fn frames_of_every_size_arrive_whole_and_in_order_pipelined() {
     round_trip_sizes(false);
+}
+
+#[tokio::test]
+async fn payloads_up_to_the_pipeline_limit_go_in_pieces_longer_ones_by_single_copy() {
+    let limit = 200_000;
+    let t = job(
+        2,
+        ShmConfig {
+            pipeline_max: limit,
+            ..settings(128 * 1024, true)
+        },
+    );
+    // Connect: the receiver maps the sender and says it can read its memory.
+    t[0].send(1, eager(99, vec![])).unwrap();
+    assert_eq!(collect(&t[1], &[&t[0]], 1).len(), 1);
+    let sizes = [70_000, limit, limit + 1, 1 << 20];
+    for (i, &len) in sizes.iter().enumerate() {
+        t[0].send(1, eager(i as u64, pattern(len, i as u64)))
+            .unwrap();
+    }
+    let got = payloads(collect(&t[1], &[&t[0]], sizes.len()), 0);
+    assert_eq!(got.len(), sizes.len());
+    for (i, (seq, p)) in got.iter().enumerate() {
+        assert_eq!(*seq, i as u64);
+        assert_eq!(&p[..], &pattern(sizes[i], i as u64)[..]);
+    }
+    let c = t[0].counters();
+    assert_eq!(
+        (c.pipelined_sent, c.single_copy_sent),
+        (2, 2),
+        "70 000 B and the limit itself in pieces, beyond it by single copy"
+    );
 }
 
 #[tokio::test]
