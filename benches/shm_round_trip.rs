@@ -4,9 +4,11 @@
 //! executed inside [`round_trips`] is one rank's work on the path and none is waiting.
 //!
 //! ```text
-//! cargo bench --bench shm_round_trip -- 1 100000        # SIZE ITERATIONS [miss|barrier]
+//! cargo bench --bench shm_round_trip -- 1 100000        # SIZE ITERATIONS [miss|barrier|bcast|allreduce]
 //! bench/callgrind-shm 1                                  # instructions per round trip
 //! bench/callgrind-shm 0 3000 barrier                     # ... per 2-rank barrier
+//! bench/callgrind-shm 8 3000 bcast                       # ... per 2-rank 8-byte broadcast
+//! bench/callgrind-shm 8 3000 allreduce                   # ... per 2-rank 8-byte all-reduce
 //! ```
 //!
 //! With `miss`, each receive is polled once before its message is sent, as a waiting rank's
@@ -56,6 +58,31 @@ async fn round_trips(c: &[Communicator], buf: &Bytes, n: usize, mode: Mode) {
         }
         return;
     }
+    if mode == Mode::Allreduce {
+        let mine = [1.0f32; 2];
+        for _ in 0..n {
+            let (a, b) = tokio::join!(
+                c[0].all_reduce(&mine[..], rankweave::Op::Sum),
+                c[1].all_reduce(&mine[..], rankweave::Op::Sum)
+            );
+            assert_eq!(a.expect("all_reduce"), [2.0; 2]);
+            assert_eq!(b.expect("all_reduce"), [2.0; 2]);
+        }
+        return;
+    }
+    if mode == Mode::Bcast {
+        for _ in 0..n {
+            // Rank 0's broadcast finishes at its first look (an eager send); rank 1's takes
+            // the message in.
+            let (a, b) = tokio::join!(
+                c[0].broadcast(0, buf.clone()),
+                c[1].broadcast(0, Bytes::new())
+            );
+            a.expect("broadcast");
+            assert_eq!(b.expect("broadcast").len(), buf.len());
+        }
+        return;
+    }
     let miss = mode == Mode::Miss;
     for _ in 0..n {
         for (from, to) in [(0usize, 1usize), (1, 0)] {
@@ -78,6 +105,10 @@ enum Mode {
     Miss,
     /// Barriers instead of round trips.
     Barrier,
+    /// Broadcasts of `SIZE` bytes from rank 0 instead of round trips.
+    Bcast,
+    /// All-reduces of two `f32`s (8 bytes; `SIZE` unused) instead of round trips.
+    Allreduce,
 }
 
 fn main() {
@@ -86,15 +117,17 @@ fn main() {
         support::number_arg(&args, 0, 1),
         support::number_arg(&args, 1, 100_000),
     ) else {
-        eprintln!("usage: shm_round_trip [SIZE [ITERATIONS [miss|barrier]]]");
+        eprintln!("usage: shm_round_trip [SIZE [ITERATIONS [miss|barrier|bcast|allreduce]]]");
         std::process::exit(2);
     };
     let mode = match args.get(2).map(String::as_str) {
         None => Mode::Hit,
         Some("miss") => Mode::Miss,
         Some("barrier") => Mode::Barrier,
+        Some("bcast") => Mode::Bcast,
+        Some("allreduce") => Mode::Allreduce,
         Some(other) => {
-            eprintln!("shm_round_trip: unknown mode {other:?} (miss or barrier)");
+            eprintln!("shm_round_trip: unknown mode {other:?} (miss, barrier, bcast or allreduce)");
             std::process::exit(2);
         }
     };

@@ -35,7 +35,7 @@
 use rankweave_core::Error;
 use rankweave_core::tuning::AllreduceAlgorithm;
 
-use crate::ctx::Ctx;
+use crate::ctx::{Ctx, powers_of_two_below};
 use crate::reduce::{Reduction, Side, Theirs, block, even_bounds};
 use crate::{Element, ReduceOp};
 
@@ -48,8 +48,9 @@ pub(crate) async fn run<T: Element>(
     let mut reduction = Reduction::new(cx, op);
     let result = match algorithm {
         AllreduceAlgorithm::RecursiveDoubling => recursive_doubling(&mut reduction, data).await?,
-        AllreduceAlgorithm::Rabenseifner => rabenseifner(&mut reduction, data).await?,
-        AllreduceAlgorithm::Ring => ring(&mut reduction, data).await?,
+        // Boxed, as the large broadcasts are: the small-message future stays small.
+        AllreduceAlgorithm::Rabenseifner => Box::pin(rabenseifner(&mut reduction, data)).await?,
+        AllreduceAlgorithm::Ring => Box::pin(ring(&mut reduction, data)).await?,
     };
     reduction.finish(result)
 }
@@ -79,7 +80,8 @@ async fn recursive_doubling<T: Element>(
         Folded::Out { partner } => return receive_result(reduction, partner, len).await,
         Folded::In { vrank, data } => (vrank, data),
     };
-    for mask in fold.doubling_masks() {
+    // The masks as an iterator: no vector for the small messages this serves.
+    for mask in powers_of_two_below(fold.pof2) {
         let partner = vrank ^ mask;
         if let Some(theirs) = reduction.exchange(fold.rank(partner), &data, len).await? {
             reduction.combine(&mut data, theirs, Side::of(partner, vrank));

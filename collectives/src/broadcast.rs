@@ -29,7 +29,7 @@ use rankweave_core::buffer_pool::BufferPool;
 use rankweave_core::tuning::BcastAlgorithm;
 use rankweave_core::{Error, SendOp};
 
-use crate::ctx::{Ctx, await_all};
+use crate::ctx::{Ctx, await_all, keep_pending};
 use crate::tree::BinomialTree;
 
 const HEADER_LEN: usize = 16;
@@ -46,7 +46,7 @@ pub(crate) async fn run(cx: Ctx, root: usize, data: Bytes) -> Result<Bytes, Erro
     }
     let tree = BinomialTree::new(&cx, root);
     // The root knows its header; the others read it from their parent's message.
-    let (message, data, known) = match tree.parent() {
+    let (mut message, data, known) = match tree.parent() {
         None => {
             let header = Header::new(choose(&cx, data.len()), data.len());
             (header.message(&data), Some(data), Some(header))
@@ -55,11 +55,19 @@ pub(crate) async fn run(cx: Ctx, root: usize, data: Bytes) -> Result<Bytes, Erro
     };
     // Forwarded before it is decoded: a malformed header fails every rank below too, instead
     // of leaving them waiting for a message that would never come.
-    let mut sends: Vec<SendOp> = tree
-        .children()
-        .iter()
-        .map(|child| cx.send(child.rank, message.clone()))
-        .collect();
+    // Sends that went out eagerly are not kept (nothing to wait for, and no vector to
+    // allocate); the root, which has its data apart, gives the message itself to its last
+    // child instead of a clone.
+    let mut sends: Vec<SendOp> = Vec::new();
+    let mut children = tree.children().peekable();
+    while let Some(child) = children.next() {
+        let payload = if known.is_some() && children.peek().is_none() {
+            std::mem::take(&mut message)
+        } else {
+            message.clone()
+        };
+        keep_pending(&mut sends, cx.send(child.rank, payload));
+    }
     let header = known.map_or_else(
         || Header::decode(tree.parent().unwrap_or(root), &message),
         Ok,
@@ -88,17 +96,18 @@ pub(crate) async fn run(cx: Ctx, root: usize, data: Bytes) -> Result<Bytes, Erro
             // them checks it too. If none came here (the parent failed), an empty one: it
             // fails their check, as the announced length is never 0 with data apart.
             let forwarded = body.as_ref().map_or_else(|_| Bytes::new(), Bytes::clone);
-            sends.extend(
-                tree.children()
-                    .iter()
-                    .map(|c| cx.send(c.rank, forwarded.clone())),
-            );
+            sends.extend(tree.children().map(|c| cx.send(c.rank, forwarded.clone())));
             body.and_then(|body| check_body(tree.parent().unwrap_or(root), body, len))
         }
-        BcastAlgorithm::Binomial => Ok(message.slice(HEADER_LEN..)),
+        BcastAlgorithm::Binomial => Ok(data.unwrap_or_else(|| message.slice(HEADER_LEN..))),
         _ if len == 0 => Ok(Bytes::new()),
-        BcastAlgorithm::ScatterAllgather => scatter_allgather(&cx, &tree, len, data).await,
-        BcastAlgorithm::Chain => chain(&cx, &tree, len, data).await,
+        // Boxed: their state would otherwise make every broadcast's future (allocated per
+        // call) over a kilobyte, out of the allocator's fast per-thread cache; for the large
+        // messages they serve, one more allocation is noise.
+        BcastAlgorithm::ScatterAllgather => {
+            Box::pin(scatter_allgather(&cx, &tree, len, data)).await
+        }
+        BcastAlgorithm::Chain => Box::pin(chain(&cx, &tree, len, data)).await,
         BcastAlgorithm::Multicast | BcastAlgorithm::Channels => Err(Error::Protocol {
             peer: root,
             detail: "a point-to-point broadcast header named a multicast algorithm".into(),
@@ -276,7 +285,6 @@ async fn scatter_allgather(
     };
     let to_children: Vec<SendOp> = tree
         .children()
-        .iter()
         .map(|child| {
             let span = layout.span(&child.relative);
             cx.send(

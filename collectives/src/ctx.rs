@@ -217,6 +217,15 @@ pub(crate) fn concat_equal_blocks<T: bytemuck::Pod>(
 }
 
 /// Waits for sends started earlier.
+/// Adds `send` to `sends` unless it was handed off at once (an eager send): only sends that
+/// still have something to report need awaiting, and a collective whose sends all went out
+/// eagerly allocates no vector for them.
+pub(crate) fn keep_pending(sends: &mut Vec<SendOp>, send: SendOp) {
+    if !send.is_complete() {
+        sends.push(send);
+    }
+}
+
 pub(crate) async fn await_all(sends: Vec<SendOp>) -> Result<(), Error> {
     for send in sends {
         send.await?;

@@ -47,12 +47,12 @@ async fn gather_blocks(cx: &Ctx, root: usize, own: Bytes) -> Result<Option<Vec<B
     let tree = BinomialTree::new(cx, root);
     let children = tree.children();
     let receives: Vec<_> = children
-        .iter()
+        .clone()
         .map(|child| cx.comm.collective_recv(child.rank, cx.tag))
         .collect();
     // The subtree's blocks in relative-rank order: this rank's, then each child's subtree.
     let mut subtree = vec![own];
-    for (child, receive) in children.iter().zip(receives) {
+    for (child, receive) in children.zip(receives) {
         let message = receive.await?.into_data();
         let ranks = child.relative.clone().map(|r| tree.absolute(r));
         subtree.extend(decode_expected_blocks(child.rank, message, ranks)?);

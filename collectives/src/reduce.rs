@@ -98,7 +98,6 @@ async fn tree<T: Element>(
     // contiguous range of higher ranks.
     let incoming: Vec<Incoming> = tree
         .children()
-        .iter()
         .map(|child| reduction.post(child.rank))
         .collect();
     let mut acc = data;

@@ -58,7 +58,6 @@ pub(crate) async fn scatterv<T: Element>(
 /// blocks in relative-rank order, starting with its own.
 fn send_to_children(cx: &Ctx, tree: &BinomialTree, subtree: &[&[u8]]) -> Vec<SendOp> {
     tree.children()
-        .into_iter()
         .map(|child| {
             let blocks = child
                 .relative

@@ -62,19 +62,39 @@ impl BinomialTree {
         self.relative..self.n.min(self.relative + self.low_bit())
     }
 
-    /// The children in increasing relative rank (so their subtrees follow each other).
-    pub(crate) fn children(&self) -> Vec<Child> {
-        let mut children = Vec::new();
-        let mut mask = 1;
-        while mask < self.low_bit() && self.relative + mask < self.n {
-            let first = self.relative + mask;
-            children.push(Child {
-                rank: self.absolute(first),
-                relative: first..self.n.min(first + mask),
-            });
-            mask <<= 1;
+    /// The children in increasing relative rank (so their subtrees follow each other); an
+    /// iterator, so that walking them allocates nothing.
+    pub(crate) fn children(&self) -> Children {
+        Children {
+            tree: self.clone(),
+            mask: 1,
         }
-        children
+    }
+}
+
+/// The children of a rank in a [`BinomialTree`] (see [`BinomialTree::children`]).
+#[derive(Clone, Debug)]
+pub(crate) struct Children {
+    tree: BinomialTree,
+    /// The next child is `relative + mask`.
+    mask: usize,
+}
+
+impl Iterator for Children {
+    type Item = Child;
+
+    fn next(&mut self) -> Option<Child> {
+        let t = &self.tree;
+        if self.mask >= t.low_bit() || t.relative + self.mask >= t.n {
+            return None;
+        }
+        let first = t.relative + self.mask;
+        let child = Child {
+            rank: t.absolute(first),
+            relative: first..t.n.min(first + self.mask),
+        };
+        self.mask <<= 1;
+        Some(child)
     }
 }
 

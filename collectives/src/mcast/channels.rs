@@ -183,7 +183,6 @@ impl Channels {
             if tree {
                 b.forward_to = BinomialTree::of(self.size, me, root)
                     .children()
-                    .iter()
                     .map(|c| c.rank)
                     .collect();
             } else if self.size > 1 {
@@ -195,7 +194,6 @@ impl Channels {
             // The data comes from the tree parent; forward it to the children once whole.
             b.forward_to = BinomialTree::of(self.size, me, root)
                 .children()
-                .iter()
                 .map(|c| c.rank)
                 .collect();
         } else {
@@ -287,7 +285,6 @@ impl Channels {
         let end = end.min(self.released_below + self.k);
         let children: Vec<usize> = BinomialTree::of(self.size, self.rank, 0)
             .children()
-            .iter()
             .map(|c| c.rank)
             .collect();
         let mut missing: BTreeMap<u64, BTreeSet<u32>> = BTreeMap::new();
@@ -436,7 +433,6 @@ impl Channels {
             }
             let children: Vec<usize> = tree
                 .children()
-                .iter()
                 .filter(|c| needs(&c.relative))
                 .map(|c| c.rank)
                 .collect();

@@ -59,6 +59,13 @@ impl SendOp {
 }
 
 impl SendOp {
+    /// Whether the send was handed off when it was started (an eager send): awaiting it gives
+    /// `Ok(())` at once, so it need not be kept. A send still waiting (a rendezvous) or that
+    /// failed is not complete: its outcome is only learnt by awaiting it.
+    pub fn is_complete(&self) -> bool {
+        matches!(self.state, SendState::Complete)
+    }
+
     /// This send never busy-polls while it waits, whatever the progress policy: for background
     /// services (the multicast broadcast engine) that must not take CPU from the rank's own
     /// tasks. It is woken by the progress engine instead.
