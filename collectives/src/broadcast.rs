@@ -1,8 +1,9 @@
 //! Broadcast: the root's bytes to every rank, and the binomial tree the rooted collectives share.
 //!
 //! Only the root knows the data and its length, so the root alone picks the algorithm (the
-//! `bcast` override, or by size: binomial below `bcast_large` or on 2 ranks, scatter + allgather
-//! below `bcast_chain`, chain above) and tells the others. Every non-root first receives one
+//! `bcast` override; else binomial on fewer than `bcast_min_ranks` ranks (8; always on 2) or
+//! below `bcast_large` bytes, scatter + allgather below `bcast_chain`, chain above) and tells
+//! the others. Every non-root first receives one
 //! message from its binomial-tree parent starting with a 16-byte header: byte 0 the algorithm
 //! (0 binomial, 1 scatter + allgather, 2 chain), byte 1 a flag (1: a binomial broadcast's data
 //! follows in a message of its own), bytes 2..8 zero, bytes 8..16 the total length (u64 LE). It
@@ -142,7 +143,7 @@ fn choose(cx: &Ctx, len: usize) -> BcastAlgorithm {
     ) = tuning.bcast
     {
         algorithm
-    } else if len < tuning.bcast_large || cx.size <= 2 {
+    } else if len < tuning.bcast_large || cx.size < tuning.bcast_min_ranks.max(3) {
         BcastAlgorithm::Binomial
     } else if len < tuning.bcast_chain {
         BcastAlgorithm::ScatterAllgather

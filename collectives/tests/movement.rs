@@ -123,6 +123,7 @@ async fn broadcast_by_every_algorithm_from_every_root() {
             t.bcast = algorithm;
             t.segment = 64;
             t.bcast_large = 40;
+            t.bcast_min_ranks = 3;
             t.bcast_chain = 500;
         });
         for n in sizes() {

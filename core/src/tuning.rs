@@ -15,7 +15,7 @@
 //! | `RANKWEAVE_ALLTOALL_LARGE` | bytes (per destination) | 256 B: pairwise exchange from here |
 //! | `RANKWEAVE_SEGMENT` | bytes | 128 KiB: pipeline segment of the chain broadcast |
 
-use crate::config::parse_size;
+use crate::config::{parse_number, parse_size};
 use crate::error::ConfigError;
 
 /// Broadcast algorithms.
@@ -84,8 +84,13 @@ pub struct CollectiveTuning {
     /// `RANKWEAVE_ALLTOALL`.
     pub alltoall: Option<AlltoallAlgorithm>,
     /// `RANKWEAVE_BCAST_LARGE`: broadcasts of at least this many bytes use scatter + allgather
-    /// (on more than 2 ranks; on 2 a binomial tree is a single send).
+    /// (on at least `bcast_min_ranks` ranks).
     pub bcast_large: usize,
+    /// `RANKWEAVE_BCAST_MIN_RANKS`: on fewer ranks than this, every broadcast is a binomial
+    /// tree, whatever its size (MPICH's `BCAST_MIN_PROCS`, also 8): with few ranks the tree
+    /// sends the whole message only a couple of times, and the more elaborate algorithms'
+    /// extra rounds cost more than they save.
+    pub bcast_min_ranks: usize,
     /// `RANKWEAVE_BCAST_CHAIN`: broadcasts of at least this many bytes use the pipelined chain.
     pub bcast_chain: usize,
     /// `RANKWEAVE_ALLREDUCE_LARGE`: allreduces of at least this many bytes use reduce-scatter +
@@ -109,6 +114,7 @@ impl Default for CollectiveTuning {
             allgather: None,
             alltoall: None,
             bcast_large: 12 * 1024,
+            bcast_min_ranks: 8,
             bcast_chain: 4 << 20,
             allreduce_large: 64 * 1024,
             allgather_large: 512 * 1024,
@@ -203,6 +209,10 @@ impl CollectiveTuning {
                 *field = parse_size(name, &v)?;
             }
         }
+        if let Some(v) = get("RANKWEAVE_BCAST_MIN_RANKS") {
+            self.bcast_min_ranks =
+                parse_number("RANKWEAVE_BCAST_MIN_RANKS", &v, 1, u32::MAX.into())? as usize;
+        }
         if self.segment == 0 {
             return Err(ConfigError {
                 variable: "RANKWEAVE_SEGMENT".into(),
@@ -237,8 +247,11 @@ mod tests {
             ("RANKWEAVE_ALLTOALL", "pairwise"),
             ("RANKWEAVE_ALLREDUCE_LARGE", "1M"),
             ("RANKWEAVE_SEGMENT", "8k"),
+            ("RANKWEAVE_BCAST_MIN_RANKS", "4"),
         ])
         .unwrap();
+        assert_eq!(t.bcast_min_ranks, 4);
+        assert_eq!(CollectiveTuning::default().bcast_min_ranks, 8);
         assert_eq!(t.bcast, Some(BcastAlgorithm::ScatterAllgather));
         assert_eq!(t.allreduce, Some(AllreduceAlgorithm::Ring));
         assert_eq!(t.allgather, None);
@@ -254,6 +267,8 @@ mod tests {
         assert!(e.expected.contains("binomial"), "{}", e.expected);
         let e = with(&[("RANKWEAVE_SEGMENT", "0")]).unwrap_err();
         assert_eq!(e.variable, "RANKWEAVE_SEGMENT");
+        let e = with(&[("RANKWEAVE_BCAST_MIN_RANKS", "0")]).unwrap_err();
+        assert_eq!(e.variable, "RANKWEAVE_BCAST_MIN_RANKS");
         let e = with(&[("RANKWEAVE_ALLTOALL_LARGE", "lots")]).unwrap_err();
         assert_eq!(e.variable, "RANKWEAVE_ALLTOALL_LARGE");
     }
