@@ -4,11 +4,12 @@
 //! executed inside [`round_trips`] is one rank's work on the path and none is waiting.
 //!
 //! ```text
-//! cargo bench --bench shm_round_trip -- 1 100000        # SIZE ITERATIONS [miss|barrier|bcast|allreduce]
+//! cargo bench --bench shm_round_trip -- 1 100000        # SIZE ITERATIONS [miss|barrier|bcast|allreduce|window]
 //! bench/callgrind-shm 1                                  # instructions per round trip
 //! bench/callgrind-shm 0 3000 barrier                     # ... per 2-rank barrier
 //! bench/callgrind-shm 8 3000 bcast                       # ... per 2-rank 8-byte broadcast
 //! bench/callgrind-shm 8 3000 allreduce                   # ... per 2-rank 8-byte all-reduce
+//! bench/callgrind-shm 1 6400 window                      # ... per message of osu_bw's windows
 //! ```
 //!
 //! With `miss`, each receive is polled once before its message is sent, as a waiting rank's
@@ -58,6 +59,21 @@ async fn round_trips(c: &[Communicator], buf: &Bytes, n: usize, mode: Mode) {
         }
         return;
     }
+    if mode == Mode::Window {
+        // osu_bw's pattern: a window of receives posted, a window of sends, then every
+        // receive awaited (`n` windows of WINDOW messages; the count is per message).
+        let mut recvs = Vec::with_capacity(WINDOW);
+        for _ in 0..n / WINDOW {
+            recvs.extend((0..WINDOW).map(|_| c[1].recv(0usize, 1u32)));
+            for _ in 0..WINDOW {
+                c[0].send(1, 1, buf.clone()).await.expect("send");
+            }
+            for r in recvs.drain(..) {
+                assert_eq!(r.await.expect("recv").len(), buf.len());
+            }
+        }
+        return;
+    }
     if mode == Mode::Allreduce {
         let mine = [1.0f32; 2];
         for _ in 0..n {
@@ -97,6 +113,9 @@ async fn round_trips(c: &[Communicator], buf: &Bytes, n: usize, mode: Mode) {
     }
 }
 
+/// Messages per window in `Mode::Window` (osu_bw's default).
+const WINDOW: usize = 64;
+
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Mode {
     /// Each message is there when its receive is first polled.
@@ -109,6 +128,8 @@ enum Mode {
     Bcast,
     /// All-reduces of two `f32`s (8 bytes; `SIZE` unused) instead of round trips.
     Allreduce,
+    /// Windows of one-way messages, as `osu_bw` sends them (ITERATIONS messages in all).
+    Window,
 }
 
 fn main() {
@@ -117,7 +138,9 @@ fn main() {
         support::number_arg(&args, 0, 1),
         support::number_arg(&args, 1, 100_000),
     ) else {
-        eprintln!("usage: shm_round_trip [SIZE [ITERATIONS [miss|barrier|bcast|allreduce]]]");
+        eprintln!(
+            "usage: shm_round_trip [SIZE [ITERATIONS [miss|barrier|bcast|allreduce|window]]]"
+        );
         std::process::exit(2);
     };
     let mode = match args.get(2).map(String::as_str) {
@@ -126,8 +149,11 @@ fn main() {
         Some("barrier") => Mode::Barrier,
         Some("bcast") => Mode::Bcast,
         Some("allreduce") => Mode::Allreduce,
+        Some("window") => Mode::Window,
         Some(other) => {
-            eprintln!("shm_round_trip: unknown mode {other:?} (miss, barrier, bcast or allreduce)");
+            eprintln!(
+                "shm_round_trip: unknown mode {other:?} (miss, barrier, bcast, allreduce or window)"
+            );
             std::process::exit(2);
         }
     };
