@@ -70,6 +70,25 @@ fn payloads(arrivals: Vec<Arrival>, from: u32) -> Vec<(u64, Bytes)> {
         .collect()
 }
 
+/// Rank 0 sends one frame of each size to rank 1, which must get them whole and in order.
+fn send_and_check(t: &[ShmTransport], sizes: &[usize]) {
+    for (i, &len) in sizes.iter().enumerate() {
+        t[0].send(1, eager(i as u64, pattern(len, i as u64)))
+            .unwrap();
+    }
+    let got = payloads(collect(&t[1], &[&t[0]], sizes.len()), 0);
+    assert_eq!(got.len(), sizes.len());
+    for (i, (seq, p)) in got.iter().enumerate() {
+        assert_eq!(*seq, i as u64, "order kept");
+        assert_eq!(
+            &p[..],
+            &pattern(sizes[i], i as u64)[..],
+            "content of {} bytes",
+            sizes[i]
+        );
+    }
+}
+
 fn round_trip_sizes(single_copy: bool) {
     let t = job(2, settings(128 * 1024, single_copy));
     // Until the receiver has mapped the sender (on its first read), it has not said whether it
@@ -87,21 +106,7 @@ fn round_trip_sizes(single_copy: bool) {
         1 << 20,
         5 << 20,
     ];
-    for (i, &len) in sizes.iter().enumerate() {
-        t[0].send(1, eager(i as u64, pattern(len, i as u64)))
-            .unwrap();
-    }
-    let got = payloads(collect(&t[1], &[&t[0]], sizes.len()), 0);
-    assert_eq!(got.len(), sizes.len());
-    for (i, (seq, p)) in got.iter().enumerate() {
-        assert_eq!(*seq, i as u64, "order kept");
-        assert_eq!(
-            &p[..],
-            &pattern(sizes[i], i as u64)[..],
-            "content of {} bytes",
-            sizes[i]
-        );
-    }
+    send_and_check(&t, &sizes);
     let c = t[0].counters();
     assert_eq!(c.frames_sent, sizes.len() as u64 + 1);
     if single_copy {
@@ -147,16 +152,7 @@ async fn payloads_up_to_the_pipeline_limit_go_in_pieces_longer_ones_by_single_co
     t[0].send(1, eager(99, vec![])).unwrap();
     assert_eq!(collect(&t[1], &[&t[0]], 1).len(), 1);
     let sizes = [70_000, limit, limit + 1, 1 << 20];
-    for (i, &len) in sizes.iter().enumerate() {
-        t[0].send(1, eager(i as u64, pattern(len, i as u64)))
-            .unwrap();
-    }
-    let got = payloads(collect(&t[1], &[&t[0]], sizes.len()), 0);
-    assert_eq!(got.len(), sizes.len());
-    for (i, (seq, p)) in got.iter().enumerate() {
-        assert_eq!(*seq, i as u64);
-        assert_eq!(&p[..], &pattern(sizes[i], i as u64)[..]);
-    }
+    send_and_check(&t, &sizes);
     let c = t[0].counters();
     assert_eq!(
         (c.pipelined_sent, c.single_copy_sent),
