@@ -80,7 +80,8 @@ async fn recursive_doubling<T: Element>(
         Folded::Out { partner } => return receive_result(reduction, partner, len).await,
         Folded::In { vrank, data } => (vrank, data),
     };
-    // The masks as an iterator: no vector for the small messages this serves.
+    // The masks of `doubling_masks` without collecting them: no vector for the small
+    // messages this serves.
     for mask in powers_of_two_below(fold.pof2) {
         let partner = vrank ^ mask;
         if let Some(theirs) = reduction.exchange(fold.rank(partner), &data, len).await? {
@@ -192,7 +193,7 @@ impl Fold {
 
     /// Partner distances 1, 2, 4, …, p/2.
     pub fn doubling_masks(&self) -> Vec<usize> {
-        (0..self.pof2.trailing_zeros()).map(|k| 1 << k).collect()
+        powers_of_two_below(self.pof2).collect()
     }
 }
 

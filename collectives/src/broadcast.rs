@@ -97,7 +97,9 @@ pub(crate) async fn run(cx: Ctx, root: usize, data: Bytes) -> Result<Bytes, Erro
             // them checks it too. If none came here (the parent failed), an empty one: it
             // fails their check, as the announced length is never 0 with data apart.
             let forwarded = body.as_ref().map_or_else(|_| Bytes::new(), Bytes::clone);
-            sends.extend(tree.children().map(|c| cx.send(c.rank, forwarded.clone())));
+            for child in tree.children() {
+                keep_pending(&mut sends, cx.send(child.rank, forwarded.clone()));
+            }
             body.and_then(|body| check_body(tree.parent().unwrap_or(root), body, len))
         }
         BcastAlgorithm::Binomial => Ok(data.unwrap_or_else(|| message.slice(HEADER_LEN..))),
