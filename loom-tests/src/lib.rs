@@ -19,6 +19,21 @@ pub mod sync {
         };
     }
 
+    /// loom's cell, whose accesses loom checks.
+    pub mod cell {
+        pub use loom::cell::{MutPtr, UnsafeCell};
+    }
+
+    /// loom's hints (its `spin_loop` yields to the model's scheduler).
+    pub mod hint {
+        pub use loom::hint::spin_loop;
+    }
+
+    /// loom's thread operations.
+    pub mod thread {
+        pub use loom::thread::yield_now;
+    }
+
     use loom::cell::UnsafeCell;
 
     /// The loom build of `transports/src/sync.rs`'s `SharedBytes`: the same `write` and
@@ -138,6 +153,39 @@ mod shm_ring;
 // `shm_ring` (it has no unit tests, so it is compiled with cfg(test) too).
 #[path = "../../transports/src/shm/doorbell.rs"]
 mod shm_doorbell;
+
+// The shared-memory transport's lock with a plain-store unlock (its own `//!` docs explain it).
+// Private and used through `spin_lock_api`, for the same doc-link reason as `shm_ring`.
+#[path = "../../transports/src/shm/spin_lock.rs"]
+mod shm_spin_lock;
+
+/// Public, one-to-one wrappers over the `pub(crate)` `SpinLock` of
+/// `transports/src/shm/spin_lock.rs` (compiled here as the private module `shm_spin_lock`), for
+/// the models in `tests/spin_lock.rs`. The guard is passed to a closure instead of returned
+/// (its type is `pub(crate)`).
+pub mod spin_lock_api {
+    use crate::shm_spin_lock as spin_lock;
+
+    /// `shm_spin_lock::SpinLock`.
+    pub struct SpinLock<T>(spin_lock::SpinLock<T>);
+
+    impl<T> SpinLock<T> {
+        /// `SpinLock::new`.
+        pub fn new(value: T) -> SpinLock<T> {
+            SpinLock(spin_lock::SpinLock::new(value))
+        }
+
+        /// `SpinLock::lock`, running `f` with the guarded value before the guard drops.
+        pub fn with_lock<R>(&self, f: impl FnOnce(&mut T) -> R) -> R {
+            f(&mut self.0.lock())
+        }
+
+        /// `SpinLock::try_lock`, running `f` with the guarded value if the lock was free.
+        pub fn with_try_lock<R>(&self, f: impl FnOnce(&mut T) -> R) -> Option<R> {
+            self.0.try_lock().map(|mut g| f(&mut g))
+        }
+    }
+}
 
 /// Public, one-to-one wrappers over the `pub(crate)` items of `transports/src/shm/ring.rs`
 /// (compiled here as the private module `shm_ring`; `pub(crate)` items cannot be re-exported as

@@ -343,15 +343,6 @@ impl Communicator {
     }
 
     fn send_on(&self, context: ContextId, dst: usize, tag: u32, data: Bytes, user: bool) -> SendOp {
-        let _span = tracing::trace_span!(
-            "send",
-            rank = self.inner.rank,
-            dst,
-            tag,
-            len = data.len(),
-            context = context.0
-        )
-        .entered();
         let start = (|| {
             let to = self.check_rank(dst)?;
             let tag = if user { Self::check_tag(tag)? } else { tag };
@@ -377,14 +368,6 @@ impl Communicator {
     }
 
     fn recv_on(&self, context: ContextId, source: Source, tag: Tag, user: bool) -> RecvOp {
-        let _span = tracing::trace_span!(
-            "recv",
-            rank = self.inner.rank,
-            ?source,
-            ?tag,
-            context = context.0
-        )
-        .entered();
         let sel = self.selector_on(context, source, tag, user);
         match sel {
             Ok(sel) => {

@@ -157,7 +157,7 @@ struct SendBuffer(Bytes);
 impl SendBuffer {
     fn of(&mut self, len: usize) -> Bytes {
         if self.0.len() != len {
-            self.0 = Bytes::from(vec![1u8; len]);
+            self.0 = crate::pt2pt::send_buffer(len, 1);
         }
         self.0.clone()
     }
@@ -304,7 +304,7 @@ pub async fn bcast_skew(comm: &Communicator, opts: &Options, out: &mut Reporter)
     for size in opts.sizes() {
         let (iters, skip) = opts.loops(size);
         let payload = if me == root {
-            Bytes::from(vec![1u8; size])
+            crate::pt2pt::send_buffer(size, 1)
         } else {
             Bytes::new()
         };

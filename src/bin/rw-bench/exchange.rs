@@ -62,7 +62,7 @@ pub async fn ring(comm: &Communicator, opts: &Options, out: &mut Reporter) -> Re
     for size in opts.sizes() {
         let (iters, skip) = opts.loops(size);
         // OSU fills its send buffer with 'a'.
-        let buf = Bytes::from(vec![b'a'; size]);
+        let buf = crate::pt2pt::send_buffer(size, b'a');
         comm.barrier().await?;
         let mut timer = Duration::ZERO;
         for i in 0..iters + skip {

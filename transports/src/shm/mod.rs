@@ -26,6 +26,7 @@ mod record;
 mod ring;
 mod segment;
 mod signal;
+mod spin_lock;
 
 use std::future::Future;
 use std::os::unix::net::SocketAddr;
@@ -52,6 +53,7 @@ use rankweave_core::buffer_pool::BufferPool;
 use ring::RingGeometry;
 use segment::{Owner, SINGLE_COPY_NO, SINGLE_COPY_YES, Segment};
 use signal::SignalSocket;
+use spin_lock::SpinLock;
 
 /// Records read from one ring before the next ring gets its turn (fairness between senders).
 const READ_BUDGET: usize = 64;
@@ -112,7 +114,7 @@ struct Peer {
     rank: u32,
     pid: u32,
     segment: Segment,
-    out: Mutex<Outbound>,
+    out: SpinLock<Outbound>,
     signal_addr: SocketAddr,
     /// Becomes readable when the peer's process exits (`None` for ranks of this process).
     watch: Option<AsyncFd<ProcessWatch>>,
@@ -208,7 +210,7 @@ pub struct ShmRank {
     unreported: AtomicUsize,
     /// Serializes connection set-up (so a peer is mapped once).
     connecting: Mutex<()>,
-    inbound: Mutex<InboundSet>,
+    inbound: SpinLock<InboundSet>,
     /// Receive buffers for large frames.
     pool: Arc<BufferPool>,
     /// Frames this rank sent to itself.
@@ -372,7 +374,7 @@ impl ShmRank {
             connected: RwLock::new(Vec::new()),
             unreported: AtomicUsize::new(0),
             connecting: Mutex::new(()),
-            inbound: Mutex::new(InboundSet::default()),
+            inbound: SpinLock::default(),
             pool: Arc::default(),
             loopback: Mailbox::new(),
             queued_peers: AtomicUsize::new(0),
@@ -409,7 +411,7 @@ impl ShmRank {
         s.frames_sent = get(&c.frames_sent);
         s.bytes_sent = get(&c.bytes_sent);
         for peer in self.connected_peers() {
-            let out = lock(&peer.out);
+            let out = peer.out.lock();
             let o = &out.counts;
             s.frames_sent += o.frames;
             s.bytes_sent += o.bytes;
@@ -418,7 +420,7 @@ impl ShmRank {
             s.ring_full += out.full_events;
         }
         {
-            let inbound = lock(&self.inbound);
+            let inbound = self.inbound.lock();
             s.frames_received = inbound.frames_received;
             s.bytes_received = inbound.bytes_received;
             s.malformed_dropped = inbound.malformed_dropped;
@@ -524,7 +526,7 @@ impl ShmRank {
         Ok(Peer {
             rank,
             pid: addr.pid,
-            out: Mutex::new(out),
+            out: SpinLock::new(out),
             signal_addr: signal::address(addr.nonce)?,
             segment,
             watch,
@@ -545,7 +547,7 @@ impl ShmRank {
     /// and wakes the peer if anything was published.
     fn with_outbound<R>(&self, peer: &Peer, f: impl FnOnce(&mut Outbound) -> (R, bool)) -> R {
         let (r, published) = {
-            let mut out = lock(&peer.out);
+            let mut out = peer.out.lock();
             let before = out.has_queued();
             let (r, published) = f(&mut out);
             let after = out.has_queued();
@@ -589,7 +591,7 @@ impl ShmRank {
             !p.gone.load(Ordering::Acquire)
                 && p.out
                     .try_lock()
-                    .map_or(true, |mut o| o.can_flush(&p.segment, me))
+                    .is_none_or(|mut o| o.can_flush(&p.segment, me))
         })
     }
 
@@ -633,7 +635,7 @@ impl ShmRank {
 
     /// Reads every ring; frames go to `out` unless `discard`.
     fn read_rings(&self, out: &mut Vec<Arrival>, discard: bool) -> usize {
-        let Ok(mut inbound) = self.inbound.try_lock() else {
+        let Some(mut inbound) = self.inbound.try_lock() else {
             // Another thread is reading; it will deliver what is there.
             return 0;
         };
@@ -676,7 +678,7 @@ impl ShmRank {
                 let me = self.me.rank;
                 match e {
                     Effect::PayloadRead(token) => {
-                        lock(&peer.out).done(token);
+                        peer.out.lock().done(token);
                     }
                     Effect::OweDone(token) => {
                         // A `DONE` only lets the peer drop its reference to the payload; no
@@ -859,7 +861,7 @@ impl Transport for ShmRank {
         if self.closed.load(Ordering::Acquire) {
             return false;
         }
-        let Ok(mut inbound) = self.inbound.try_lock() else {
+        let Some(mut inbound) = self.inbound.try_lock() else {
             // Another thread is reading; it delivers what is there.
             return false;
         };
@@ -1007,7 +1009,7 @@ impl Transport for ShmRank {
         let settled = self
             .connected_peers()
             .iter()
-            .all(|p| p.gone.load(Ordering::Acquire) || lock(&p.out).is_idle());
+            .all(|p| p.gone.load(Ordering::Acquire) || p.out.lock().is_idle());
         let expired = lock(&self.closed_at).is_some_and(|t| t.elapsed() >= self.linger);
         settled || expired
     }

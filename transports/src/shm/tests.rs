@@ -120,12 +120,12 @@ fn round_trip_sizes(single_copy: bool) {
     }
     // Every single-copy payload was acknowledged: nothing held.
     let until = Instant::now() + Duration::from_secs(5);
-    while !t[0].peer(1).unwrap().out.lock().unwrap().is_idle() && Instant::now() < until {
+    while !t[0].peer(1).unwrap().out.lock().is_idle() && Instant::now() < until {
         let mut v = Vec::new();
         t[0].drain(&mut v).unwrap();
         t[1].drain(&mut v).unwrap();
     }
-    assert!(t[0].peer(1).unwrap().out.lock().unwrap().is_idle());
+    assert!(t[0].peer(1).unwrap().out.lock().is_idle());
 }
 
 #[tokio::test]
@@ -195,7 +195,7 @@ async fn large_payloads_are_read_in_bounded_batches_and_done_rings_no_doorbell()
         "the three DONE records did not ring the parked sender's doorbell"
     );
     // They are there all the same: the sender's next drain lets the payloads go.
-    let held = |t: &ShmTransport| !t.peer(1).unwrap().out.lock().unwrap().is_idle();
+    let held = |t: &ShmTransport| !t.peer(1).unwrap().out.lock().is_idle();
     assert!(held(&t[0]));
     t[0].drain(&mut out).unwrap();
     assert!(!held(&t[0]), "every payload was released");
@@ -264,7 +264,7 @@ async fn malformed_records_are_dropped_and_counted_and_a_corrupt_ring_is_given_u
     t[0].send(1, eager(0, vec![1, 2, 3])).unwrap();
     let peer = t[0].peer(1).unwrap();
     {
-        let mut out = peer.out.lock().unwrap();
+        let mut out = peer.out.lock();
         out.send_control(&peer.segment, 0, 99, b"unknown kind");
         out.send_control(&peer.segment, 0, record::FRAME, b"not a frame");
         out.send_control(&peer.segment, 0, record::DONE, b"short");
