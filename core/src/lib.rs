@@ -24,6 +24,7 @@ pub mod protocol;
 pub mod reliability;
 pub mod rng;
 pub(crate) mod runtime;
+pub mod spin_lock;
 pub mod stats;
 mod sync;
 pub mod transport;

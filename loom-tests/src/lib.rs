@@ -154,19 +154,19 @@ mod shm_ring;
 #[path = "../../transports/src/shm/doorbell.rs"]
 mod shm_doorbell;
 
-// The shared-memory transport's lock with a plain-store unlock (its own `//!` docs explain it).
-// Private and used through `spin_lock_api`, for the same doc-link reason as `shm_ring`.
-#[path = "../../transports/src/shm/spin_lock.rs"]
-mod shm_spin_lock;
+// The lock with a plain-store unlock of the driver and the shared-memory transport (its own
+// `//!` docs explain it). Private and used through `spin_lock_api`, for the same doc-link
+// reason as `shm_ring`.
+#[path = "../../core/src/spin_lock.rs"]
+mod spin_lock_impl;
 
-/// Public, one-to-one wrappers over the `pub(crate)` `SpinLock` of
-/// `transports/src/shm/spin_lock.rs` (compiled here as the private module `shm_spin_lock`), for
-/// the models in `tests/spin_lock.rs`. The guard is passed to a closure instead of returned
-/// (its type is `pub(crate)`).
+/// Public wrappers over the `SpinLock` of `core/src/spin_lock.rs` (compiled here as the private
+/// module `spin_lock_impl`), for the models in `tests/spin_lock.rs`. The guard is passed to a
+/// closure instead of returned.
 pub mod spin_lock_api {
-    use crate::shm_spin_lock as spin_lock;
+    use crate::spin_lock_impl as spin_lock;
 
-    /// `shm_spin_lock::SpinLock`.
+    /// `spin_lock_impl::SpinLock`.
     pub struct SpinLock<T>(spin_lock::SpinLock<T>);
 
     impl<T> SpinLock<T> {

@@ -17,53 +17,6 @@ pub(crate) mod atomic {
     };
 }
 
-/// Cells whose access is guarded by a protocol of the caller's (the loom build checks it).
-pub(crate) mod cell {
-    /// `std::cell::UnsafeCell` with loom's interface: access through a [`MutPtr`].
-    #[derive(Debug, Default)]
-    pub(crate) struct UnsafeCell<T>(std::cell::UnsafeCell<T>);
-
-    impl<T> UnsafeCell<T> {
-        /// A cell holding `value`.
-        pub(crate) fn new(value: T) -> UnsafeCell<T> {
-            UnsafeCell(std::cell::UnsafeCell::new(value))
-        }
-
-        /// A pointer for mutable access (loom tracks the access while it lives).
-        pub(crate) fn get_mut(&self) -> MutPtr<T> {
-            MutPtr(self.0.get())
-        }
-    }
-
-    /// Mutable access to an [`UnsafeCell`]'s value.
-    #[derive(Debug)]
-    pub(crate) struct MutPtr<T>(*mut T);
-
-    impl<T> MutPtr<T> {
-        /// The value.
-        ///
-        /// # Safety
-        ///
-        /// The cell outlives the reference, and nothing else reads or writes the value while it
-        /// lives.
-        #[allow(clippy::mut_from_ref)]
-        pub(crate) unsafe fn deref(&self) -> &mut T {
-            // SAFETY: the caller's promise.
-            unsafe { &mut *self.0 }
-        }
-    }
-}
-
-/// Hints to the processor (std versions; loom's yield to its scheduler).
-pub(crate) mod hint {
-    pub(crate) use std::hint::spin_loop;
-}
-
-/// Thread operations (std versions).
-pub(crate) mod thread {
-    pub(crate) use std::thread::yield_now;
-}
-
 /// A region of memory that two parties (threads, or processes through a shared mapping) read
 /// and write under a protocol of their own: the shared-memory ring's data area.
 ///

@@ -26,7 +26,6 @@ mod record;
 mod ring;
 mod segment;
 mod signal;
-mod spin_lock;
 
 use std::future::Future;
 use std::os::unix::net::SocketAddr;
@@ -50,10 +49,10 @@ use host::ProcessWatch;
 use inbound::{Effect, Inbound, ReadInto};
 use outbound::Outbound;
 use rankweave_core::buffer_pool::BufferPool;
+use rankweave_core::spin_lock::SpinLock;
 use ring::RingGeometry;
 use segment::{Owner, SINGLE_COPY_NO, SINGLE_COPY_YES, Segment};
 use signal::SignalSocket;
-use spin_lock::SpinLock;
 
 /// Records read from one ring before the next ring gets its turn (fairness between senders).
 const READ_BUDGET: usize = 64;

@@ -1,16 +1,15 @@
-//! A lock for state that is almost never contended: the shared-memory transport's sending side
-//! of each pair and its set of receiving rings.
+//! [`SpinLock`]: a lock for short critical sections on the message path, rarely contended.
 //!
-//! Every frame passes through two of these (the sender's and the receiver's), and the driver's
-//! own lock already serializes nearly all the calls that take them, so they are all but never
-//! contended. A `std::sync::Mutex` pays an atomic read-modify-write to lock *and* another to
-//! unlock (it must learn whether a thread sleeps on it); here unlocking is a plain `Release`
-//! store, which halves the atomic operations a small message costs on each side.
+//! A rank's engine state (the driver's), a shared-memory pair's sending side and a rank's set of
+//! receiving rings sit behind one each, and every small message takes several of them. A
+//! `std::sync::Mutex` pays an atomic read-modify-write to lock *and* another to unlock (it must
+//! learn whether a thread sleeps on it), about 12 cycles each here; here unlocking is a plain
+//! `Release` store, which halves what the locks cost a message.
 //!
 //! A thread that finds the lock held spins a little and then yields to the scheduler until it
-//! is free: the holders' critical sections are short (a ring write or read, a queue push), so
-//! nobody sleeps, and nothing needs waking. A panic while the lock is held releases it (the
-//! guard's drop); there is no poisoning, as in `parking_lot`.
+//! is free: the holders' critical sections are short (a ring write or read, a batch of frames
+//! handed to the protocol engine), so nobody sleeps, and nothing needs waking. A panic while
+//! the lock is held releases it (the guard's drop); there is no poisoning, as in `parking_lot`.
 //!
 //! The loom model in `loom-tests/tests/spin_lock.rs` compiles this file against loom's atomics
 //! and cells.
@@ -26,7 +25,7 @@ use crate::sync::{hint, thread};
 const SPINS_BEFORE_YIELD: u32 = 64;
 
 /// Mutual exclusion with a plain store to unlock.
-pub(crate) struct SpinLock<T> {
+pub struct SpinLock<T> {
     locked: AtomicBool,
     value: UnsafeCell<T>,
 }
@@ -40,7 +39,7 @@ unsafe impl<T: Send> Send for SpinLock<T> {}
 
 impl<T> SpinLock<T> {
     /// An unlocked lock around `value`.
-    pub(crate) fn new(value: T) -> SpinLock<T> {
+    pub fn new(value: T) -> SpinLock<T> {
         SpinLock {
             locked: AtomicBool::new(false),
             value: UnsafeCell::new(value),
@@ -48,7 +47,7 @@ impl<T> SpinLock<T> {
     }
 
     /// Takes the lock if it is free.
-    pub(crate) fn try_lock(&self) -> Option<SpinLockGuard<'_, T>> {
+    pub fn try_lock(&self) -> Option<SpinLockGuard<'_, T>> {
         if !self.acquire() {
             return None;
         }
@@ -56,7 +55,7 @@ impl<T> SpinLock<T> {
     }
 
     /// Takes the lock, spinning and then yielding while another thread holds it.
-    pub(crate) fn lock(&self) -> SpinLockGuard<'_, T> {
+    pub fn lock(&self) -> SpinLockGuard<'_, T> {
         let mut spins = 0;
         // Read-modify-writes, not loads, while waiting: waiting is rare, and one always sees
         // the latest value (loom explores loads that keep seeing a stale one).
@@ -105,7 +104,7 @@ impl<T: std::fmt::Debug> std::fmt::Debug for SpinLock<T> {
 }
 
 /// Access to a [`SpinLock`]'s value; unlocks when dropped.
-pub(crate) struct SpinLockGuard<'a, T> {
+pub struct SpinLockGuard<'a, T> {
     lock: &'a SpinLock<T>,
     /// Dropped before the lock is released (the loom build tracks the access it stands for).
     value: ManuallyDrop<MutPtr<T>>,
