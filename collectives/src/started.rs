@@ -45,21 +45,20 @@ impl<T: Send + 'static> CollectiveOp<T> {
         run: impl Future<Output = Result<T, Error>> + Send + 'static,
     ) -> Self {
         let mut run: BoxedRun<T> = Box::pin(run);
-        let Ok(handle) = tokio::runtime::Handle::try_current() else {
-            return CollectiveOp {
-                state: State::Inline(run),
-                rank,
-            };
-        };
         // One look first: a collective whose inputs are already here (a late rank's barrier, a
         // broadcast root's eager sends) finishes at once, without a task and the scheduler
         // round trips of handing its result back. A pending one is then spawned and polled
         // again there, which registers the task's waker: nothing this look saw is missed.
+        // (The runtime's handle, a reference count, is only taken then.)
         let mut cx = Context::from_waker(Waker::noop());
         let first = std::panic::catch_unwind(AssertUnwindSafe(|| run.as_mut().poll(&mut cx)));
         let state = match first {
             Ok(Poll::Ready(result)) => State::Ready(Some(result)),
-            Ok(Poll::Pending) => State::Spawned(handle.spawn(run)),
+            Ok(Poll::Pending) => match tokio::runtime::Handle::try_current() {
+                Ok(handle) => State::Spawned(handle.spawn(run)),
+                // No tokio runtime (another executor): it runs when the future is polled.
+                Err(_) => State::Inline(run),
+            },
             Err(_) => State::Ready(Some(Err(Error::RankPanicked {
                 rank,
                 message: "a collective panicked".into(),

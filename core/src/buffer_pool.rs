@@ -39,10 +39,12 @@ struct Classes {
 impl BufferPool {
     /// The process's pool, shared by every rank's endpoint (reassembly) and by the
     /// collectives, so their bound on kept bytes holds per process however many in-process
-    /// ranks run. (Each shared-memory and UDP transport keeps a pool of its own.)
-    pub fn shared() -> Arc<BufferPool> {
+    /// ranks run. (Each shared-memory and UDP transport keeps a pool of its own.) Borrowed:
+    /// a small message built with it (`shared().concat(..)`) costs no reference count; clone
+    /// it to keep it.
+    pub fn shared() -> &'static Arc<BufferPool> {
         static SHARED: OnceLock<Arc<BufferPool>> = OnceLock::new();
-        Arc::clone(SHARED.get_or_init(Arc::default))
+        SHARED.get_or_init(Arc::default)
     }
 
     /// `parts` one after the other in one buffer (pooled when large): how a message is built

@@ -272,7 +272,7 @@ impl Endpoint {
             events: VecDeque::new(),
             unexpected_bytes: 0,
             stats: Stats::default(),
-            buffers: BufferPool::shared(),
+            buffers: Arc::clone(BufferPool::shared()),
         }
     }
 
