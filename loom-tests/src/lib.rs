@@ -389,8 +389,8 @@ pub mod doorbell_api {
             self.0.arm()
         }
 
-        /// `Doorbell::disarm`.
-        pub fn disarm(&self) {
+        /// `Doorbell::disarm`: whether it was armed.
+        pub fn disarm(&self) -> bool {
             self.0.disarm()
         }
 

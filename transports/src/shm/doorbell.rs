@@ -45,13 +45,15 @@ impl Doorbell {
     }
 
     /// The owner is busy again (it found work, or a busy poller took over): producers stop
-    /// signalling.
-    pub(crate) fn disarm(&self) {
+    /// signalling. Returns whether it was armed.
+    pub(crate) fn disarm(&self) -> bool {
         // Written only when it changes: producers read this line on every send, and a store
         // would take it from them each time a busy poller starts a burst.
-        if self.state.load(Ordering::Relaxed) != AWAKE {
-            self.state.store(AWAKE, Ordering::Relaxed);
+        if self.state.load(Ordering::Relaxed) == AWAKE {
+            return false;
         }
+        self.state.store(AWAKE, Ordering::Relaxed);
+        true
     }
 
     /// A producer has published a record in one of the owner's rings: returns whether it must

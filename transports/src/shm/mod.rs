@@ -141,8 +141,6 @@ struct InboundSet {
 struct Park {
     /// The progress task's waker while it sleeps in `poll_arrival`.
     waker: Option<Waker>,
-    /// Futures busy-polling now: while any is, the doorbell stays disarmed.
-    busy: u32,
     /// While futures spin, the doorbell stays disarmed between their bursts too (arming it
     /// would make every producer pay a signal for a rank that is about to look anyway); this
     /// timer makes the sleeping progress task look again soon, in case they stopped without
@@ -150,8 +148,6 @@ struct Park {
     recheck: Option<Pin<Box<tokio::time::Sleep>>>,
     /// A busy poller woke the sleeping progress task to set its recheck timer.
     nudged: bool,
-    /// A busy poller started since the progress task last looked.
-    busy_seen: bool,
 }
 
 /// How soon a progress task that could not arm the doorbell (futures were spinning) looks
@@ -207,6 +203,8 @@ pub struct ShmRank {
     connected: RwLock<Vec<Arc<Peer>>>,
     /// Peers marked gone and not yet reported lost.
     unreported: AtomicUsize,
+    /// A future busy-polled since the progress task last looked (see `begin_busy_poll`).
+    busy_seen: AtomicBool,
     /// Serializes connection set-up (so a peer is mapped once).
     connecting: Mutex<()>,
     inbound: SpinLock<InboundSet>,
@@ -372,6 +370,7 @@ impl ShmRank {
             peers: (0..world).map(|_| OnceLock::new()).collect(),
             connected: RwLock::new(Vec::new()),
             unreported: AtomicUsize::new(0),
+            busy_seen: AtomicBool::new(false),
             connecting: Mutex::new(()),
             inbound: SpinLock::default(),
             pool: Arc::default(),
@@ -757,6 +756,22 @@ impl ShmRank {
         n
     }
 
+    /// A busy poller found the doorbell armed and turned it off. The progress task may be
+    /// asleep trusting it (no recheck timer): wake it once so that it looks again after the
+    /// pollers (it sets its recheck timer), since they may finish without parking and leave
+    /// arrivals to it.
+    #[cold]
+    #[inline(never)]
+    fn nudge_trusting_progress_task(&self) {
+        let mut park = lock(&self.park);
+        if park.recheck.is_none() && !park.nudged {
+            if let Some(w) = &park.waker {
+                w.wake_by_ref();
+                park.nudged = true;
+            }
+        }
+    }
+
     /// Makes the progress task look again within [`RECHECK`] (it could not arm the doorbell).
     fn poll_recheck(&self, park: &mut Park, cx: &mut Context<'_>) -> Poll<()> {
         let timer = park
@@ -898,20 +913,13 @@ impl Transport for ShmRank {
         let mut park = lock(&self.park);
         park.waker = Some(cx.waker().clone());
         park.nudged = false;
-        if park.busy > 0 {
-            // A future is busy-polling and takes in what arrives; only losses need us now.
-            if self.unreported.load(Ordering::Acquire) > 0 {
-                return ready(&mut park);
-            }
-            return self.poll_recheck(&mut park, cx);
-        }
         if signalled || self.has_work() {
             return ready(&mut park);
         }
         // Futures polled since the last look: they poll in short bursts, and arming the
         // doorbell in a gap between two would only make producers pay for signals. Look again
         // after the recheck time instead (a future that parks arms it at once).
-        if std::mem::take(&mut park.busy_seen) {
+        if self.busy_seen.swap(false, Ordering::Relaxed) {
             return self.poll_recheck(&mut park, cx);
         }
         doorbell.arm();
@@ -926,36 +934,33 @@ impl Transport for ShmRank {
         self.has_work()
     }
 
+    /// Takes no lock and no atomic read-modify-write in the common case, where a burst follows
+    /// another and the doorbell is off already: a flag for the progress task and one load.
+    /// Nothing here decides whether a message is seen — producers signal exactly when the
+    /// doorbell is armed, and an armed doorbell is the only state in which the progress task
+    /// sleeps without a recheck timer — so the flag needs no ordering: read late, it costs a
+    /// signal or a recheck, never a lost wake-up.
     fn begin_busy_poll(&self) {
-        let mut park = lock(&self.park);
-        park.busy += 1;
-        park.busy_seen = true;
-        self.own.doorbell().disarm();
-        if park.recheck.is_none() && !park.nudged {
-            // The progress task sleeps trusting the doorbell, which is now off: wake it once
-            // so that it looks again after the pollers (it sets its recheck timer), since they
-            // may finish without parking and leave arrivals to it.
-            if let Some(w) = &park.waker {
-                w.wake_by_ref();
-                park.nudged = true;
-            }
+        if !self.busy_seen.load(Ordering::Relaxed) {
+            self.busy_seen.store(true, Ordering::Relaxed);
+        }
+        if self.own.doorbell().disarm() {
+            self.nudge_trusting_progress_task();
         }
     }
 
     fn end_busy_poll(&self) {
-        // The doorbell stays disarmed: the poller usually starts its next burst at once. If it
-        // parks instead, `waiter_parked` arms it; if it finished, the progress task's recheck
-        // timer does.
-        let mut park = lock(&self.park);
-        park.busy = park.busy.saturating_sub(1);
+        // Nothing to undo. The doorbell stays disarmed: the poller usually starts its next
+        // burst at once. If it parks instead, `waiter_parked` arms it; if it finished, the
+        // progress task's recheck timer does.
     }
 
     fn waiter_parked(&self) {
-        let mut park = lock(&self.park);
+        let park = lock(&self.park);
         // The future will not poll in bursts any more: the progress task may arm the
         // doorbell as soon as it next looks (if it is running now), or here (if it sleeps).
-        park.busy_seen = false;
-        if park.busy == 0 && park.waker.is_some() {
+        self.busy_seen.store(false, Ordering::Relaxed);
+        if park.waker.is_some() {
             self.own.doorbell().arm();
             // Anything that arrived before the arm is taken in by the parking future's own
             // check (the driver pumps after this) or wakes the progress task here.
