@@ -346,9 +346,7 @@ impl Communicator {
         let start = (|| {
             let to = self.check_rank(dst)?;
             let tag = if user { Self::check_tag(tag)? } else { tag };
-            self.inner
-                .driver
-                .with(|st| st.endpoint.post_send(to, context, tag, data))
+            self.inner.driver.post_send(to, context, tag, data)
         })();
         match start {
             Ok(SendStart::Complete) => SendOp::done(Ok(())),

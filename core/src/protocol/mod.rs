@@ -82,6 +82,18 @@ pub enum SendStart {
     Pending(SendId),
 }
 
+/// How [`Endpoint::post_send_now`] started a send.
+#[derive(Debug)]
+pub enum SendNow {
+    /// An eager message to another rank with nothing queued ahead of it: complete as far as
+    /// the application is concerned, and already counted as sent. The caller hands the frame
+    /// to the transport now (or reports the peer unreachable, as for a queued frame).
+    Transmit(u32, Frame),
+    /// Any other start; its frames, if any, are queued for
+    /// [`poll_transmit`](Endpoint::poll_transmit).
+    Started(SendStart),
+}
+
 /// A message handed to the application by a completed receive.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Received {
@@ -336,6 +348,27 @@ impl Endpoint {
         tag: u32,
         data: Bytes,
     ) -> Result<SendStart, Error> {
+        match self.post_send_now(to, context, tag, data)? {
+            SendNow::Transmit(to, frame) => {
+                // Already counted as sent: queued as is.
+                self.transmit.push_back((to, frame));
+                Ok(SendStart::Complete)
+            }
+            SendNow::Started(start) => Ok(start),
+        }
+    }
+
+    /// Like [`post_send`](Self::post_send), but the common eager message to another rank, with
+    /// nothing queued ahead of it, is returned to be handed to the transport at once
+    /// ([`SendNow::Transmit`]) instead of going through [`poll_transmit`](Self::poll_transmit):
+    /// the driver's short path for small sends (nothing else is queued or finished by it).
+    pub fn post_send_now(
+        &mut self,
+        to: u32,
+        context: ContextId,
+        tag: u32,
+        data: Bytes,
+    ) -> Result<SendNow, Error> {
         if to >= self.cfg.size {
             return Err(Error::InvalidRank {
                 rank: to as usize,
@@ -358,15 +391,17 @@ impl Endpoint {
         if data.len() <= eager_limit && cost <= peer.credit {
             peer.credit -= cost;
             self.stats.eager_messages_sent += 1;
-            self.queue(
-                to,
-                Frame {
-                    header: Header::Eager(envelope),
-                    payload: data,
-                },
-            );
+            let frame = Frame {
+                header: Header::Eager(envelope),
+                payload: data,
+            };
+            if to != self.cfg.rank && self.transmit.is_empty() {
+                self.count_sent(&frame);
+                return Ok(SendNow::Transmit(to, frame));
+            }
+            self.queue(to, frame);
             self.run_loopback();
-            return Ok(SendStart::Complete);
+            return Ok(SendNow::Started(SendStart::Complete));
         }
         self.stats.rendezvous_messages_sent += 1;
         // Attach the data to the request when that is free and it fits one frame.
@@ -389,7 +424,7 @@ impl Endpoint {
         };
         self.queue(to, Frame { header, payload });
         self.run_loopback();
-        Ok(SendStart::Pending(SendId(send_id)))
+        Ok(SendNow::Started(SendStart::Pending(SendId(send_id))))
     }
 
     /// The result of a finished rendezvous send (removing it), or `None` while it runs.
@@ -701,12 +736,7 @@ impl Endpoint {
 
     /// The next frame to hand to the transport: (destination world rank, frame).
     pub fn poll_transmit(&mut self) -> Option<(u32, Frame)> {
-        let next = self.transmit.pop_front();
-        if let Some((_, f)) = &next {
-            self.stats.frames_sent += 1;
-            self.stats.bytes_sent += f.payload.len() as u64;
-        }
-        next
+        self.transmit.pop_front()
     }
 
     /// The next event for the driver.
@@ -725,12 +755,20 @@ impl Endpoint {
         self.run_loopback();
     }
 
+    /// Queues `frame` for world rank `to` (counted as sent now: it leaves through
+    /// [`poll_transmit`](Self::poll_transmit) before anyone can look at the counters).
     fn queue(&mut self, to: u32, frame: Frame) {
         if to == self.cfg.rank {
             self.loopback.push_back(frame);
         } else {
+            self.count_sent(&frame);
             self.transmit.push_back((to, frame));
         }
+    }
+
+    fn count_sent(&mut self, frame: &Frame) {
+        self.stats.frames_sent += 1;
+        self.stats.bytes_sent += frame.payload.len() as u64;
     }
 
     /// Frames a rank sends to itself never reach a transport: they are handled here, in order.

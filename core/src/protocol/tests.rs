@@ -348,6 +348,65 @@ fn eager_with_receive_posted_first() {
 }
 
 #[test]
+fn an_eager_send_with_nothing_queued_is_handed_over_at_once() {
+    let mut net = Net::new(2);
+    let r = net.recv(1, Some(0), Some(5), None);
+    // Straight out: complete, counted as sent, nothing left queued.
+    let SendNow::Transmit(to, frame) = net
+        .ep(0)
+        .post_send_now(1, CTX, 5, Bytes::from_static(b"hi"))
+        .expect("send")
+    else {
+        panic!("an eager send with an empty queue is handed over at once");
+    };
+    assert_eq!((to, frame.header), (1, Header::Eager(env(5, 0, 2))));
+    assert_eq!(net.ep(0).poll_transmit(), None);
+    let s = net.stats(0);
+    assert_eq!(
+        (s.frames_sent, s.bytes_sent, s.eager_messages_sent),
+        (1, 2, 1)
+    );
+    // The receiver takes it like any frame.
+    net.links.entry((0, 1)).or_default().push_back(frame);
+    net.run();
+    assert_eq!(net.take(1, r), ok(0, 5, b"hi"));
+
+    // Behind a queued frame (a rendezvous request not yet polled), an eager send is queued
+    // after it, so the two keep their order on the link.
+    let big = Bytes::from(pattern(5000, 1));
+    let rts = net.ep(0).post_send_now(1, CTX, 6, big).expect("send");
+    assert!(
+        matches!(rts, SendNow::Started(SendStart::Pending(_))),
+        "{rts:?}"
+    );
+    let eager = net
+        .ep(0)
+        .post_send_now(1, CTX, 7, Bytes::from_static(b"after"))
+        .expect("send");
+    assert!(
+        matches!(eager, SendNow::Started(SendStart::Complete)),
+        "{eager:?}"
+    );
+    let kinds: Vec<_> = std::iter::from_fn(|| net.ep(0).poll_transmit())
+        .map(|(to, f)| (to, matches!(f.header, Header::Rts { .. })))
+        .collect();
+    assert_eq!(kinds, [(1, true), (1, false)]);
+    assert_eq!(net.stats(0).frames_sent, 3);
+
+    // To itself: through the loopback, never handed to a transport.
+    let own = net
+        .ep(0)
+        .post_send_now(0, CTX, 8, Bytes::from_static(b"me"))
+        .expect("send");
+    assert!(
+        matches!(own, SendNow::Started(SendStart::Complete)),
+        "{own:?}"
+    );
+    assert_eq!(net.ep(0).poll_transmit(), None);
+    assert_eq!(net.stats(0).unexpected_messages, 1);
+}
+
+#[test]
 fn eager_unexpected_first() {
     let mut net = Net::new(2);
     assert_eq!(net.send(0, 1, 5, b"hello"), SendStart::Complete);

@@ -11,14 +11,20 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
+
 use rustc_hash::FxHashMap;
 
 use crate::config::{Config, ProgressPolicy};
 use crate::error::Error;
-use crate::protocol::{Endpoint, EndpointConfig, Event, Received, RecvId, SendId};
+use crate::frame::Frame;
+use crate::protocol::{
+    Endpoint, EndpointConfig, Event, Received, RecvId, SendId, SendNow, SendStart,
+};
 use crate::spin_lock::{SpinLock, SpinLockGuard};
 use crate::stats::Stats;
 use crate::transport::{Arrival, Transport};
+use crate::types::ContextId;
 
 use super::shutdown::ShutdownSignal;
 
@@ -212,13 +218,56 @@ impl Driver {
         answer
     }
 
+    /// Starts a send. The common small one — an eager message to another rank with nothing
+    /// queued ahead of it ([`Endpoint::post_send_now`]) — goes straight to the transport: it
+    /// queues and finishes nothing else, so there is no queue to go through and nothing to
+    /// flush or wake.
+    pub(crate) fn post_send(
+        &self,
+        to: u32,
+        context: ContextId,
+        tag: u32,
+        data: Bytes,
+    ) -> Result<SendStart, Error> {
+        let mut wake = Vec::new();
+        let start = {
+            let mut st = self.lock();
+            let start = match st.endpoint.post_send_now(to, context, tag, data) {
+                Ok(SendNow::Transmit(to, frame)) => {
+                    if self.hand_over(&mut st, to, frame) {
+                        // Nothing queued, nothing finished: no flush, nobody to wake.
+                        return Ok(SendStart::Complete);
+                    }
+                    // The peer is lost: receives waiting for it fail (the flush wakes them).
+                    Ok(SendStart::Complete)
+                }
+                Ok(SendNow::Started(start)) => Ok(start),
+                Err(e) => Err(e),
+            };
+            self.flush(&mut st, &mut wake);
+            start
+        };
+        wake.into_iter().for_each(Waker::wake);
+        start
+    }
+
+    /// Gives `frame` to the transport. Returns `false` if the transport cannot reach the peer,
+    /// which is then lost to the endpoint.
+    fn hand_over(&self, st: &mut DriverState, to: u32, frame: Frame) -> bool {
+        match self.transport.send(to, frame) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::debug!(rank = self.rank, to, error = %e, "peer unreachable");
+                st.endpoint.peer_unreachable(to);
+                false
+            }
+        }
+    }
+
     /// Hands queued frames to the transport and turns events into wakers.
     fn flush(&self, st: &mut DriverState, wake: &mut Vec<Waker>) {
         while let Some((to, frame)) = st.endpoint.poll_transmit() {
-            if let Err(e) = self.transport.send(to, frame) {
-                tracing::debug!(rank = self.rank, to, error = %e, "peer unreachable");
-                st.endpoint.peer_unreachable(to);
-            }
+            self.hand_over(st, to, frame);
         }
         if st.wakers.is_empty() && st.probe_wakers.is_empty() {
             // Nobody is parked (the busy-polling case): events need no translation.
