@@ -350,13 +350,12 @@ fn eager_with_receive_posted_first() {
 #[test]
 fn an_eager_send_with_nothing_queued_is_handed_over_at_once() {
     let mut net = Net::new(2);
+    let send_now = |net: &mut Net, to: u32, tag: u32, data: Bytes| {
+        net.ep(0).post_send_now(to, CTX, tag, data).expect("send")
+    };
     let r = net.recv(1, Some(0), Some(5), None);
     // Straight out: complete, counted as sent, nothing left queued.
-    let SendNow::Transmit(to, frame) = net
-        .ep(0)
-        .post_send_now(1, CTX, 5, Bytes::from_static(b"hi"))
-        .expect("send")
-    else {
+    let SendNow::Transmit(to, frame) = send_now(&mut net, 1, 5, Bytes::from_static(b"hi")) else {
         panic!("an eager send with an empty queue is handed over at once");
     };
     assert_eq!((to, frame.header), (1, Header::Eager(env(5, 0, 2))));
@@ -373,16 +372,12 @@ fn an_eager_send_with_nothing_queued_is_handed_over_at_once() {
 
     // Behind a queued frame (a rendezvous request not yet polled), an eager send is queued
     // after it, so the two keep their order on the link.
-    let big = Bytes::from(pattern(5000, 1));
-    let rts = net.ep(0).post_send_now(1, CTX, 6, big).expect("send");
+    let rts = send_now(&mut net, 1, 6, Bytes::from(pattern(5000, 1)));
     assert!(
         matches!(rts, SendNow::Started(SendStart::Pending(_))),
         "{rts:?}"
     );
-    let eager = net
-        .ep(0)
-        .post_send_now(1, CTX, 7, Bytes::from_static(b"after"))
-        .expect("send");
+    let eager = send_now(&mut net, 1, 7, Bytes::from_static(b"after"));
     assert!(
         matches!(eager, SendNow::Started(SendStart::Complete)),
         "{eager:?}"
@@ -394,10 +389,7 @@ fn an_eager_send_with_nothing_queued_is_handed_over_at_once() {
     assert_eq!(net.stats(0).frames_sent, 3);
 
     // To itself: through the loopback, never handed to a transport.
-    let own = net
-        .ep(0)
-        .post_send_now(0, CTX, 8, Bytes::from_static(b"me"))
-        .expect("send");
+    let own = send_now(&mut net, 0, 8, Bytes::from_static(b"me"));
     assert!(
         matches!(own, SendNow::Started(SendStart::Complete)),
         "{own:?}"
