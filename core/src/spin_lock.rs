@@ -30,9 +30,10 @@ pub struct SpinLock<T> {
     value: UnsafeCell<T>,
 }
 
-// SAFETY: the lock hands out access to `value` to one thread at a time (the `Acquire` swap that
-// takes it synchronizes with the `Release` store that gave it up), so sharing the lock shares
-// `T` only by moving exclusive access between threads: `T: Send` suffices, as for `Mutex`.
+// SAFETY: the lock hands out access to `value` to one thread at a time (the `Acquire`
+// compare-exchange that takes it synchronizes with the `Release` store that gave it up), so
+// sharing the lock shares `T` only by moving exclusive access between threads: `T: Send`
+// suffices, as for `Mutex`.
 unsafe impl<T: Send> Sync for SpinLock<T> {}
 // SAFETY: owning the lock is owning the `T`.
 unsafe impl<T: Send> Send for SpinLock<T> {}
@@ -131,7 +132,7 @@ impl<T> Drop for SpinLockGuard<'_, T> {
     fn drop(&mut self) {
         // SAFETY: dropped once, here, and not used again: the guard is going away.
         unsafe { ManuallyDrop::drop(&mut self.value) };
-        // Publishes the guard's writes to the next holder (its `Acquire` swap).
+        // Publishes the guard's writes to the next holder (its `Acquire` compare-exchange).
         self.lock.locked.store(false, Ordering::Release);
     }
 }

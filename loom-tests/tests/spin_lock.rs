@@ -1,13 +1,14 @@
-//! Loom models of the shared-memory transport's `SpinLock` (transports/src/shm/spin_lock.rs):
-//! a lock taken with an `Acquire` swap and given up with a plain `Release` store.
+//! Loom models of `SpinLock` (core/src/spin_lock.rs), the lock of the driver and of the
+//! shared-memory transport: taken with an `Acquire` compare-exchange and given up with a plain
+//! `Release` store.
 //!
 //! The guarded values are plain integers in the lock's cell, which loom checks: two holders at
 //! once, or a holder that does not see the previous holder's writes, fail the model.
 //!
 //! The threads take the lock with `try_lock`, once each: loom cannot explore a thread that
-//! waits without bound (`SpinLock::lock` is `try_lock`'s swap, repeated until it succeeds), and
-//! every interleaving of single attempts covers what a wait can meet: a free lock, a held one,
-//! one just released.
+//! waits without bound (`SpinLock::lock` is `try_lock`'s compare-exchange, repeated until it
+//! succeeds), and every interleaving of single attempts covers what a wait can meet: a free
+//! lock, a held one, one just released.
 //!
 //! Run: `LOOM_MAX_PREEMPTIONS=3 cargo test -p loom-tests --release`. See README.md.
 
@@ -61,7 +62,7 @@ fn released_lock_is_free_and_carries_the_write() {
         };
         let mine = lock.with_try_lock(|n| *n);
         let theirs = holder.join().unwrap();
-        // One of the two found it free (the first to swap), perhaps both (one after the other).
+        // One of the two found it free (the first to take it), perhaps both (one after the other).
         assert!(mine.is_some() || theirs);
         // Before the holder's write, or after it: never anything else.
         assert!(matches!(mine, None | Some(0) | Some(7)), "{mine:?}");
