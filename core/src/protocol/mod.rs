@@ -5,7 +5,9 @@
 //! ([`post_send`](Endpoint::post_send), [`post_recv`](Endpoint::post_recv), …) and arrivals
 //! ([`handle`](Endpoint::handle)), then drains frames to transmit
 //! ([`poll_transmit`](Endpoint::poll_transmit)) and operations that finished
-//! ([`poll_event`](Endpoint::poll_event)). Tests drive it directly.
+//! ([`poll_event`](Endpoint::poll_event)). One short cut: an eager send with nothing queued
+//! ahead of it may come straight back to the caller to transmit
+//! ([`post_send_now`](Endpoint::post_send_now)). Tests drive it directly.
 //!
 //! What happens to a message:
 //!
