@@ -32,7 +32,8 @@ pub struct CollectiveOp<T> {
 enum State<T> {
     /// Running as a task of the runtime.
     Spawned(JoinHandle<Result<T, Error>>),
-    /// No runtime at the call (an executor other than tokio): runs when polled.
+    /// No runtime at the call (an executor other than tokio): after its first look it runs
+    /// when this future is polled.
     Inline(BoxedRun<T>),
     /// Failed before it started (bad argument), or already taken.
     Ready(Option<Result<T, Error>>),
