@@ -219,6 +219,8 @@ pub struct ShmRank {
     closed_at: Mutex<Option<Instant>>,
     linger: Duration,
     counters: Counters,
+    /// What is left of `settings.prefault_bytes` (see [`ShmRank::prefault`]).
+    prefault_left: AtomicUsize,
 }
 
 impl std::fmt::Debug for ShmRank {
@@ -381,6 +383,7 @@ impl ShmRank {
             closed_at: Mutex::new(None),
             linger,
             counters: Counters::default(),
+            prefault_left: AtomicUsize::new(settings.prefault_bytes),
         })
     }
 }
@@ -520,6 +523,7 @@ impl ShmRank {
         }
         let out = Outbound::new(&segment, self.me.rank, &self.settings)
             .ok_or("this rank has no ring in the peer's segment")?;
+        self.prefault(&segment, self.me.rank);
         segment.register_sender(self.me.rank)?;
         Ok(Peer {
             rank,
@@ -721,8 +725,27 @@ impl ShmRank {
                 continue;
             }
             if let Some(r) = Inbound::new(&self.own, sender) {
+                self.prefault(&self.own, sender);
                 inbound.rings.push(r);
             }
+        }
+    }
+
+    /// Maps in the pages of the ring from `sender` in `segment` (a peer's, when this rank
+    /// starts sending to it; its own, when a sender appears) while the budget lasts: the
+    /// first pass of records round the ring then takes no page faults. Once per pair and
+    /// side, at connection.
+    fn prefault(&self, segment: &Segment, sender: u32) {
+        let bytes = segment.pair_bytes();
+        let granted = self
+            .prefault_left
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| {
+                left.checked_sub(bytes)
+            })
+            .is_ok();
+        if granted && !segment.prefault_pair(sender) {
+            // The kernel cannot: do not ask again for every pair.
+            self.prefault_left.store(0, Ordering::Relaxed);
         }
     }
 

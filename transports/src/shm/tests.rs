@@ -13,6 +13,7 @@ fn settings(ring_bytes: usize, single_copy: bool) -> ShmConfig {
         inline_max: 16 * 1024,
         pipeline_max: 0,
         single_copy,
+        ..ShmConfig::default()
     }
 }
 
@@ -407,4 +408,73 @@ async fn a_frame_offered_in_place_is_taken_or_left_for_drain_in_order() {
     assert_eq!(seqs(2), (0..10).collect::<Vec<_>>());
     assert_eq!(t[1].counters().frames_received, 20);
     assert!(!t[1].offer_next(0, &mut |_, _| panic!("all read")));
+}
+
+/// Bytes of the mapping at `addr` that this process has mapped in (its `Rss` in
+/// `/proc/self/smaps`).
+fn mapped_in(addr: usize) -> usize {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let mut inside = false;
+    for line in smaps.lines() {
+        if let Some((range, _)) = line.split_once(' ') {
+            if let Some((lo, hi)) = range.split_once('-') {
+                if let (Ok(lo), Ok(hi)) =
+                    (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16))
+                {
+                    inside = (lo..hi).contains(&addr);
+                    continue;
+                }
+            }
+        }
+        if let (true, Some(kb)) = (inside, line.strip_prefix("Rss:")) {
+            return kb
+                .trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<usize>()
+                .unwrap()
+                * 1024;
+        }
+    }
+    panic!("no mapping at {addr:#x}");
+}
+
+#[tokio::test]
+async fn rings_are_mapped_in_as_pairs_connect_while_the_budget_lasts() {
+    let pair = |t: &ShmTransport| t.rank.own.pair_bytes();
+    // Budget for one pair: rank 0's first peer gets its ring mapped in, the second does not;
+    // the receivers map in the rings from rank 0 in their own segments.
+    let one_pair = job(3, settings(128 * 1024, false));
+    let budget = pair(&one_pair[0]);
+    drop(one_pair);
+    let t = job(
+        3,
+        ShmConfig {
+            prefault_bytes: budget,
+            ..settings(128 * 1024, false)
+        },
+    );
+    for to in [1, 2] {
+        t[0].send(to, eager(0, vec![1])).unwrap();
+        assert_eq!(collect(&t[to as usize], &[&t[0]], 1).len(), 1);
+    }
+    let peer_mapping = |to: u32| mapped_in(t[0].rank.peer(to).unwrap().segment.base_addr());
+    assert!(peer_mapping(1) >= budget, "{} < {budget}", peer_mapping(1));
+    assert!(peer_mapping(2) < budget, "{} >= {budget}", peer_mapping(2));
+    for r in [1, 2] {
+        let own = mapped_in(t[r].rank.own.base_addr());
+        assert!(own >= budget, "rank {r}: {own} < {budget}");
+    }
+    // Switched off: a message maps in only the pages it touches.
+    let t = job(
+        2,
+        ShmConfig {
+            prefault_bytes: 0,
+            ..settings(128 * 1024, false)
+        },
+    );
+    t[0].send(1, eager(0, vec![1])).unwrap();
+    assert_eq!(collect(&t[1], &[&t[0]], 1).len(), 1);
+    assert!(mapped_in(t[1].rank.own.base_addr()) < budget);
+    assert!(mapped_in(t[0].rank.peer(1).unwrap().segment.base_addr()) < budget);
 }
