@@ -356,9 +356,16 @@ impl<R, M> Matcher<R, M> {
     /// receive is no longer queued.
     pub fn arrive_for(&mut self, posted: PostedKey) -> Option<(R, u64)> {
         let recv = self.cancel(posted)?;
+        Some((recv, self.next_arrival()))
+    }
+
+    /// The arrival number of a message taken by a receive the matcher never held (the
+    /// endpoint's lone receive): numbered as [`arrive`](Self::arrive) would have, so that
+    /// giving it back puts it in its place.
+    pub fn next_arrival(&mut self) -> u64 {
         let seq = self.next_arrival;
         self.next_arrival += 1;
-        Some((recv, seq))
+        seq
     }
 
     /// Withdraws a queued receive. Returns `None` if it is no longer queued (it matched, was

@@ -7,7 +7,9 @@
 //! ([`poll_transmit`](Endpoint::poll_transmit)) and operations that finished
 //! ([`poll_event`](Endpoint::poll_event)). One short cut: an eager send with nothing queued
 //! ahead of it may come straight back to the caller to transmit
-//! ([`post_send_now`](Endpoint::post_send_now)). Tests drive it directly.
+//! ([`post_send_now`](Endpoint::post_send_now)), and a receive started while nothing else
+//! waits is kept apart from the matcher until something could change what it matches
+//! (`lone.rs`). Tests drive it directly.
 //!
 //! What happens to a message:
 //!
@@ -22,6 +24,7 @@
 //!   data. This bounds the memory that unexpected messages can occupy at a receiver: a sender
 //!   out of credit falls back to rendezvous, so its data stays with it until the receiver asks.
 
+mod lone;
 mod op_table;
 mod reassembly;
 #[cfg(test)]
@@ -41,6 +44,8 @@ use crate::matching::{
 use crate::stats::Stats;
 use crate::transport::Arrival;
 use crate::types::ContextId;
+
+use lone::{LoneIds, LoneRecv};
 
 fn unexpected_cost(msg: &Incoming) -> usize {
     match msg {
@@ -256,6 +261,9 @@ pub struct Endpoint {
     credit_per_peer: u64,
     matcher: Matcher<RecvId, Incoming>,
     recvs: OpTable<RecvOp>,
+    /// A receive posted alone, kept out of `recvs` and `matcher` (see [`lone`]).
+    lone: Option<LoneRecv>,
+    lone_ids: LoneIds,
     sends: OpTable<SendOp>,
     /// Indexed by world rank; boxed and created on first contact, so an idle pair costs one
     /// pointer.
@@ -279,6 +287,8 @@ impl Endpoint {
             cfg,
             matcher: Matcher::new(),
             recvs: OpTable::default(),
+            lone: None,
+            lone_ids: LoneIds::default(),
             sends: OpTable::default(),
             peers: Vec::new(),
             transmit: VecDeque::new(),
@@ -300,7 +310,7 @@ impl Endpoint {
         let mut s = self.stats.clone();
         s.unexpected_messages = self.matcher.unexpected_len() as u64;
         s.unexpected_bytes = self.unexpected_bytes as u64;
-        s.posted_receives = self.matcher.posted_len() as u64;
+        s.posted_receives = (self.matcher.posted_len() + usize::from(self.lone.is_some())) as u64;
         s
     }
 
@@ -460,6 +470,8 @@ impl Endpoint {
     /// Posts a receive for messages matching `sel`. With `max_len`, a longer message fails the
     /// receive with [`Error::Truncated`] and stays queued for the next receive.
     pub fn post_recv(&mut self, sel: Selector, max_len: Option<usize>) -> RecvId {
+        // Posted after the lone receive: it must be in line first.
+        self.join_lone();
         let id = RecvId(self.recvs.insert(RecvOp {
             sel,
             max_len,
@@ -496,6 +508,11 @@ impl Endpoint {
     /// Posts a receive like [`post_recv`](Self::post_recv), and if a message is already there,
     /// takes it at once: no operation is left behind to poll.
     pub fn start_recv(&mut self, sel: Selector, max_len: Option<usize>) -> RecvStart {
+        if self.may_post_lone(&sel) {
+            let id = self.lone_ids.fresh();
+            self.lone = Some(LoneRecv { id, sel, max_len });
+            return RecvStart::Pending(id);
+        }
         // The common case of a receiver that is behind: the earliest matching message is here
         // with all its data and fits. Take it without creating an operation (what `post_recv`
         // and `take_matched` would do, minus the bookkeeping of a receive that ends at once).
@@ -527,19 +544,55 @@ impl Endpoint {
         }
     }
 
+    /// Whether a receive for `sel` can be posted alone (see [`lone`]): it names its sender
+    /// (another rank, not lost), and no other receive waits and no message is queued, so
+    /// nothing can overtake it and nothing here can match it.
+    fn may_post_lone(&self, sel: &Selector) -> bool {
+        self.lone.is_none()
+            && self.matcher.posted_len() == 0
+            && self.matcher.unexpected_len() == 0
+            && self.loopback.is_empty()
+            && sel
+                .source
+                .is_some_and(|s| s != self.cfg.rank && s < self.cfg.size && !self.is_lost(s))
+    }
+
+    /// Enters the lone receive, if there is one, in the op table and the matcher (see
+    /// [`lone`]): before anything that could change what it matches.
+    fn join_lone(&mut self) {
+        let Some(lone) = self.lone.take() else {
+            return;
+        };
+        let id = RecvId(self.recvs.insert(RecvOp {
+            sel: lone.sel,
+            max_len: lone.max_len,
+            state: RecvState::Unposted,
+            orphaned: false,
+            adopted_by: None,
+        }));
+        self.lone_ids.joined(lone.id, id);
+        self.post(id, lone.sel);
+    }
+
     /// The result of a finished receive (removing it), or `None` while it is still pending.
     pub fn take_recv(&mut self, id: RecvId) -> Option<Result<Received, Error>> {
         self.take_matched(id).map(|r| r.map(|m| m.received))
     }
 
     /// Like [`take_recv`](Self::take_recv), keeping what [`give_back`](Self::give_back) needs.
-    pub fn take_matched(&mut self, id: RecvId) -> Option<Result<Matched, Error>> {
+    pub fn take_matched(&mut self, public: RecvId) -> Option<Result<Matched, Error>> {
+        if self.lone.is_some_and(|l| l.id == public) {
+            return None;
+        }
+        let id = self.lone_ids.op_id(public);
         let op = self.recvs.get(id.0)?;
         // An orphan's outcome belongs to whoever takes its in-flight entry, not to its old id.
         if op.orphaned || !matches!(op.state, RecvState::Done { .. } | RecvState::Failed(_)) {
             return None;
         }
-        match self.recvs.remove(id.0)?.state {
+        let state = self.recvs.remove(id.0)?.state;
+        self.lone_ids.forget(public);
+        match state {
             RecvState::Done {
                 key,
                 seq,
@@ -568,10 +621,13 @@ impl Endpoint {
     /// is the only receive queued, so no earlier receive has a claim on that sender's next
     /// message and no queued message matches it.
     pub fn direct_source(&self, id: RecvId) -> Option<u32> {
+        if let Some(lone) = self.lone {
+            return (lone.id == id).then_some(lone.sel.source).flatten();
+        }
         if self.matcher.posted_len() != 1 {
             return None;
         }
-        let op = self.recvs.get(id.0)?;
+        let op = self.recvs.get(self.lone_ids.op_id(id).0)?;
         match op.state {
             RecvState::Posted(_) if !op.orphaned => op.sel.source,
             _ => None,
@@ -586,7 +642,7 @@ impl Endpoint {
     /// declined (`None`, nothing changed) and must reach [`handle`](Self::handle) as usual.
     pub fn accept_direct(
         &mut self,
-        id: RecvId,
+        public: RecvId,
         from: u32,
         header: &Header,
         payload: &[u8],
@@ -598,9 +654,21 @@ impl Endpoint {
         if from == self.cfg.rank || from >= self.cfg.size {
             return None;
         }
-        let op = self.recvs.get(id.0)?;
-        let RecvState::Posted(posted) = op.state else {
-            return None;
+        // The receive: posted alone, or the one queued in the matcher.
+        let (sel, max_len, queued) = match self.lone {
+            Some(lone) if lone.id == public => (lone.sel, lone.max_len, None),
+            Some(_) => return None,
+            None => {
+                let id = self.lone_ids.op_id(public);
+                let op = self.recvs.get(id.0)?;
+                let RecvState::Posted(posted) = op.state else {
+                    return None;
+                };
+                if op.orphaned {
+                    return None;
+                }
+                (op.sel, op.max_len, Some((id, posted)))
+            }
         };
         let key = MatchKey {
             context: env.context,
@@ -608,20 +676,26 @@ impl Endpoint {
             tag: env.tag,
         };
         let len = payload.len();
-        if env.len != len as u64
-            || !op.sel.matches(&key)
-            || op.max_len.is_some_and(|c| len > c)
-            || op.orphaned
-        {
+        if env.len != len as u64 || !sel.matches(&key) || max_len.is_some_and(|c| len > c) {
             return None;
         }
         let peer = self.peer(from);
         if peer.lost || peer.next_recv_seq != env.seq {
             return None;
         }
-        let (_, seq) = self.matcher.arrive_for(posted)?;
+        let seq = match queued {
+            None => {
+                self.lone = None;
+                self.matcher.next_arrival()
+            }
+            Some((id, posted)) => {
+                let (_, seq) = self.matcher.arrive_for(posted)?;
+                self.recvs.remove(id.0);
+                self.lone_ids.forget(public);
+                seq
+            }
+        };
         self.peer(from).next_recv_seq += 1;
-        self.recvs.remove(id.0);
         self.stats.frames_received += 1;
         self.stats.bytes_received += len as u64;
         self.give_credit(from, len as u64 + EAGER_OVERHEAD);
@@ -639,6 +713,7 @@ impl Endpoint {
     /// unexpected queue at its original place, so nothing is lost. (Its eager credit was
     /// already given back when it was taken.)
     pub fn give_back(&mut self, m: Matched) {
+        self.join_lone();
         self.requeue(Unexpected {
             seq: m.seq,
             key: m.key,
@@ -653,7 +728,15 @@ impl Endpoint {
     /// The application dropped this receive. Not yet matched: it is withdrawn. Matched: the
     /// message goes back to the unexpected queue in its original place (once all its data is
     /// here), so nothing is lost.
-    pub fn cancel_recv(&mut self, id: RecvId) {
+    pub fn cancel_recv(&mut self, public: RecvId) {
+        if self.lone.is_some_and(|l| l.id == public) {
+            self.lone = None;
+            return;
+        }
+        // What this one gives back could be the lone receive's to match.
+        self.join_lone();
+        let id = self.lone_ids.op_id(public);
+        self.lone_ids.forget(public);
         let Some(op) = self.recvs.get_mut(id.0) else {
             return;
         };
@@ -725,6 +808,7 @@ impl Endpoint {
 
     /// Feeds something the transport received.
     pub fn handle(&mut self, arrival: Arrival) {
+        self.join_lone();
         match arrival {
             Arrival::Frame { from, frame } => {
                 self.stats.frames_received += 1;
@@ -753,6 +837,7 @@ impl Endpoint {
 
     /// The transport could not reach world rank `rank`: treat it as lost.
     pub fn peer_unreachable(&mut self, rank: u32) {
+        self.join_lone();
         self.peer_lost(rank);
         self.run_loopback();
     }
@@ -775,6 +860,10 @@ impl Endpoint {
 
     /// Frames a rank sends to itself never reach a transport: they are handled here, in order.
     fn run_loopback(&mut self) {
+        if self.loopback.is_empty() {
+            return;
+        }
+        self.join_lone();
         while let Some(frame) = self.loopback.pop_front() {
             self.handle_frame(self.cfg.rank, frame);
         }
@@ -1039,7 +1128,8 @@ impl Endpoint {
     fn finish_recv(&mut self, id: RecvId, state: RecvState) {
         if let Some(op) = self.recvs.get_mut(id.0) {
             op.state = state;
-            self.events.push_back(Event::RecvDone(id));
+            self.events
+                .push_back(Event::RecvDone(self.lone_ids.public_id(id)));
         }
     }
 

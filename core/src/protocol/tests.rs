@@ -24,6 +24,10 @@ struct Net {
     events: Vec<Vec<Event>>,
     /// Largest `stats().unexpected_bytes` each rank ever showed (checked after every step).
     max_unexpected: Vec<u64>,
+    /// Receives that [`Endpoint::start_recv`] finished at once, by the stand-in id [`Net::recv`]
+    /// returned for them (as a driver keeps them in the receive's future).
+    started: BTreeMap<(u32, u64), Result<Matched, Error>>,
+    next_started: u64,
     rng: u64,
 }
 
@@ -67,6 +71,8 @@ impl Net {
             links: BTreeMap::new(),
             events: vec![Vec::new(); size as usize],
             max_unexpected: vec![0; size as usize],
+            started: BTreeMap::new(),
+            next_started: u64::MAX,
             rng: 0x9E37_79B9_7F4A_7C15,
         }
     }
@@ -111,17 +117,33 @@ impl Net {
         tag: Option<u32>,
         max_len: Option<usize>,
     ) -> RecvId {
-        let sel = Selector {
-            context: CTX,
-            source,
-            tag,
-        };
-        let id = self.ep(rank).post_recv(sel, max_len);
+        let id = self.ep(rank).post_recv(selector(source, tag), max_len);
         self.flush(rank);
         id
     }
 
+    /// Starts a receive as the driver does ([`Endpoint::start_recv`]): one that finds its
+    /// message is done at once (kept here under a stand-in id, as a driver keeps it in the
+    /// receive's future), and one started while nothing else waits is posted alone, outside
+    /// the matcher, until something makes it join.
+    fn start(&mut self, rank: u32, sel: Selector, max_len: Option<usize>) -> RecvId {
+        let start = self.ep(rank).start_recv(sel, max_len);
+        self.flush(rank);
+        let done = match start {
+            RecvStart::Pending(id) => return id,
+            RecvStart::Matched(m) => Ok(m),
+            RecvStart::Failed(e) => Err(e),
+        };
+        let id = self.next_started;
+        self.next_started -= 1;
+        self.started.insert((rank, id), done);
+        RecvId(id)
+    }
+
     fn take(&mut self, rank: u32, id: RecvId) -> Option<Result<Msg, Error>> {
+        if let Some(done) = self.started.remove(&(rank, id.0)) {
+            return Some(done.map(|m| Msg(m.received)));
+        }
         let r = self.ep(rank).take_recv(id);
         self.flush(rank);
         r.map(|r| r.map(Msg))
@@ -140,8 +162,13 @@ impl Net {
         events.len()
     }
 
+    /// Drops receive `id` as its future would: withdrawn, or its message given back.
     fn cancel(&mut self, rank: u32, id: RecvId) {
-        self.ep(rank).cancel_recv(id);
+        match self.started.remove(&(rank, id.0)) {
+            Some(Ok(m)) => self.ep(rank).give_back(m),
+            Some(Err(_)) => {}
+            None => self.ep(rank).cancel_recv(id),
+        }
         self.flush(rank);
     }
 
@@ -238,6 +265,13 @@ impl Net {
         std::mem::take(&mut self.events[rank as usize])
     }
 
+    /// The receives `rank` reported finished since the last call (its other events dropped).
+    fn finished(&mut self, rank: u32) -> Vec<Event> {
+        let mut events = self.events(rank);
+        events.retain(|e| matches!(e, Event::RecvDone(_)));
+        events
+    }
+
     /// What a driver does for receive `id` of `rank` waiting on one sender: offers it the next
     /// frame on the link from that sender where it lies ([`Endpoint::accept_direct`]). Returns
     /// the message if the receive took it (the frame leaves the link), `None` if it was not
@@ -251,6 +285,15 @@ impl Net {
         self.links.get_mut(&(from, rank))?.pop_front();
         self.flush(rank);
         Some(Msg(m.received))
+    }
+}
+
+/// A selector in the tests' context.
+fn selector(source: Option<u32>, tag: Option<u32>) -> Selector {
+    Selector {
+        context: CTX,
+        source,
+        tag,
     }
 }
 
@@ -876,21 +919,29 @@ fn truncated_rendezvous_leaves_data_at_sender() {
 
 #[test]
 fn cancelled_unmatched_receive_is_withdrawn() {
-    let mut net = Net::new(2);
-    let r = net.recv(1, Some(0), Some(5), None);
-    net.cancel(1, r);
-    assert_eq!(net.stats(1).posted_receives, 0);
-    net.send(0, 1, 5, b"x");
-    net.run();
-    assert_eq!(net.events(1), vec![Event::Unexpected]);
-    assert_eq!(net.take(1, r), None);
-    assert_eq!(net.stats(1).unexpected_messages, 1);
-    let again = net.recv(1, Some(0), Some(5), None);
-    assert_eq!(net.take(1, again), ok(0, 5, b"x"));
-    // Cancelling a finished-and-taken or unknown receive does nothing.
-    net.cancel(1, r);
-    net.cancel(1, again);
-    assert_eq!(net.stats(1).posted_receives, 0);
+    // Posted in the matcher, and started alone (outside it) as the driver does.
+    for alone in [false, true] {
+        let mut net = Net::new(2);
+        let post = |net: &mut Net| match alone {
+            false => net.recv(1, Some(0), Some(5), None),
+            true => net.start(1, selector(Some(0), Some(5)), None),
+        };
+        let r = post(&mut net);
+        net.cancel(1, r);
+        assert_eq!(net.stats(1).posted_receives, 0);
+        net.send(0, 1, 5, b"x");
+        net.run();
+        assert_eq!(net.events(1), vec![Event::Unexpected]);
+        assert_eq!(net.take(1, r), None);
+        assert_eq!(net.stats(1).unexpected_messages, 1);
+        let again = post(&mut net);
+        assert_eq!(net.take(1, again), ok(0, 5, b"x"));
+        // Cancelling a finished-and-taken or unknown receive does nothing.
+        net.cancel(1, r);
+        net.cancel(1, again);
+        assert_eq!(net.stats(1).posted_receives, 0);
+        assert_eq!(net.stats(1).unexpected_messages, 0);
+    }
 }
 
 #[test]
@@ -1608,4 +1659,123 @@ fn credit_taken_in_place_is_given_back() {
         s.rendezvous_messages_sent, 0,
         "credit came back: every send stayed eager"
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Lone receives (started while nothing else waits; see `protocol/lone.rs`)
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn a_lone_receive_is_taken_in_place_or_joins_when_its_message_is_handled() {
+    let mut net = Net::new(2);
+    // Taken straight from the link: nothing was posted in the matcher.
+    let r = net.start(1, selector(Some(0), Some(1)), None);
+    assert_eq!(net.stats(1).posted_receives, 1);
+    assert_eq!(net.ep(1).direct_source(r), Some(0));
+    assert_eq!(net.take(1, r), None, "still waiting");
+    net.send(0, 1, 1, b"in place");
+    assert_eq!(
+        net.offer(1, r).map(|m| m.0.data),
+        Some(Bytes::from_static(b"in place"))
+    );
+    assert_eq!(net.stats(1).posted_receives, 0);
+    // Handled instead (a pump): it joins the matcher, matches, and finishes under its own id.
+    let r = net.start(1, selector(Some(0), Some(1)), None);
+    net.send(0, 1, 1, b"handled");
+    net.run();
+    assert_eq!(net.finished(1), vec![Event::RecvDone(r)]);
+    assert_eq!(net.take(1, r), ok(0, 1, b"handled"));
+    assert_eq!(net.take(1, r), None, "taken once");
+    // Neither kept anything behind.
+    assert_eq!(net.stats(1).posted_receives, 0);
+    assert_eq!(net.stats(1).unexpected_messages, 0);
+}
+
+#[test]
+fn receives_started_after_a_lone_one_queue_behind_it() {
+    let mut net = Net::new(3);
+    let first = net.start(1, selector(Some(0), None), None);
+    // A second receive for the same sender: the lone one joins first, so it keeps its place.
+    let second = net.start(1, selector(Some(0), None), None);
+    assert_eq!(net.ep(1).direct_source(first), None, "no longer alone");
+    let any = net.start(1, selector(None, None), None);
+    net.send(0, 1, 1, b"one");
+    net.send(0, 1, 2, b"two");
+    net.send(2, 1, 3, b"three");
+    net.run();
+    assert_eq!(net.take(1, first), ok(0, 1, b"one"));
+    assert_eq!(net.take(1, second), ok(0, 2, b"two"));
+    assert_eq!(net.take(1, any), ok(2, 3, b"three"));
+    // A wildcard receive is never posted alone.
+    let wild = net.start(1, selector(None, Some(4)), None);
+    assert_eq!(net.ep(1).direct_source(wild), None);
+    net.cancel(1, wild);
+}
+
+#[test]
+fn a_message_given_back_goes_to_the_lone_receive_waiting_for_it() {
+    let mut net = Net::new(2);
+    // Taken at once by one receive, then dropped unread while a later receive waits alone:
+    // the message is the waiting receive's (it is first in line again).
+    net.send(0, 1, 1, b"first");
+    net.run();
+    let taken = net.start(1, selector(Some(0), None), None);
+    let waiting = net.start(1, selector(Some(0), None), None);
+    assert_eq!(net.ep(1).direct_source(waiting), Some(0));
+    net.cancel(1, taken);
+    assert_eq!(net.finished(1), vec![Event::RecvDone(waiting)]);
+    assert_eq!(net.take(1, waiting), ok(0, 1, b"first"));
+    // The same with a receive that matched through the matcher and was dropped before it
+    // was taken.
+    let matched = net.start(1, selector(Some(0), None), None);
+    net.send(0, 1, 2, b"second");
+    net.run();
+    assert_eq!(net.finished(1), vec![Event::RecvDone(matched)]);
+    let waiting = net.start(1, selector(Some(0), None), None);
+    net.cancel(1, matched);
+    assert_eq!(net.finished(1), vec![Event::RecvDone(waiting)]);
+    assert_eq!(net.take(1, waiting), ok(0, 2, b"second"));
+}
+
+#[test]
+fn a_lone_receive_fails_when_its_peer_is_lost_and_is_not_fooled_by_others() {
+    let mut net = Net::new(3);
+    let r = net.start(0, selector(Some(1), None), None);
+    // Frames to self and from another rank make it join; they are not its messages.
+    net.send(0, 0, 5, b"to myself");
+    net.send(2, 0, 5, b"from 2");
+    net.run();
+    assert!(net.finished(0).is_empty());
+    assert_eq!(net.take(0, r), None);
+    net.peer_lost(0, 1);
+    assert_eq!(net.finished(0), vec![Event::RecvDone(r)]);
+    assert_eq!(net.take(0, r), Some(Err(Error::PeerFailed { rank: 1 })));
+    // Started for a lost peer: fails at once.
+    let again = net.start(0, selector(Some(1), None), None);
+    assert_eq!(net.take(0, again), Some(Err(Error::PeerFailed { rank: 1 })));
+    let mine = net.start(0, selector(Some(0), Some(5)), None);
+    assert_eq!(net.take(0, mine), ok(0, 5, b"to myself"));
+    let theirs = net.start(0, selector(Some(2), Some(5)), None);
+    assert_eq!(net.take(0, theirs), ok(2, 5, b"from 2"));
+}
+
+#[test]
+fn a_lone_receive_too_small_declines_in_place_and_fails_when_handled() {
+    let mut net = Net::new(2);
+    let r = net.start(1, selector(Some(0), None), Some(4));
+    net.send(0, 1, 1, b"too long");
+    assert!(net.offer(1, r).is_none(), "declined in place");
+    net.run();
+    assert!(matches!(net.take(1, r), Some(Err(Error::Truncated { .. }))));
+    // The message stays first in line for a receive that fits.
+    let fits = net.start(1, selector(Some(0), None), None);
+    assert_eq!(net.take(1, fits), ok(0, 1, b"too long"));
+    // Rendezvous requests are never taken in place either; handled, they run as usual.
+    let r = net.start(1, selector(Some(0), None), None);
+    let big = pattern(3000, 7);
+    net.send(0, 1, 2, &big);
+    assert!(net.offer(1, r).is_none());
+    net.run();
+    net.take_sends(0);
+    assert_eq!(net.take(1, r), ok(0, 2, &big));
 }
