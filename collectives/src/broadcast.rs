@@ -25,7 +25,7 @@
 use std::collections::VecDeque;
 use std::ops::Range;
 
-use bytes::Bytes;
+use bytes::{Buf, Bytes};
 use rankweave_core::buffer_pool::BufferPool;
 use rankweave_core::tuning::BcastAlgorithm;
 use rankweave_core::{Error, SendOp};
@@ -102,7 +102,14 @@ pub(crate) async fn run(cx: Ctx, root: usize, data: Bytes) -> Result<Bytes, Erro
             }
             body.and_then(|body| check_body(tree.parent().unwrap_or(root), body, len))
         }
-        BcastAlgorithm::Binomial => Ok(data.unwrap_or_else(|| message.slice(HEADER_LEN..))),
+        BcastAlgorithm::Binomial => Ok(data.unwrap_or_else(|| {
+            // Advanced past the header rather than sliced: a slice would turn the received
+            // buffer, unshared, into a reference-counted one (an allocation and an atomic
+            // count) just to skip 16 bytes.
+            let mut body = std::mem::take(&mut message);
+            body.advance(HEADER_LEN);
+            body
+        })),
         _ if len == 0 => Ok(Bytes::new()),
         // Boxed: their state would otherwise make every broadcast's future (allocated per
         // call) over a kilobyte, out of the allocator's fast per-thread cache; for the large

@@ -300,8 +300,8 @@ fn encode_fault(rank: usize, error: &Error) -> Bytes {
 fn decode<T: Element>(from: usize, message: Bytes, len: usize) -> Result<Theirs<T>, Received> {
     match message.last() {
         Some(&DATA) => {
-            let elements = message.slice(..message.len() - 1);
-            let theirs = Theirs::new(elements).map_err(Received::Bad)?;
+            let bytes = message.len() - 1;
+            let theirs = Theirs::new(message, bytes).map_err(Received::Bad)?;
             if theirs.len() != len {
                 return Err(Received::Bad(length_mismatch(from, len, theirs.len())));
             }
@@ -327,24 +327,32 @@ fn decode<T: Element>(from: usize, message: Bytes, len: usize) -> Result<Theirs<
 /// A peer's elements: read in place from its message when the bytes are aligned for `T` (a
 /// large message's buffer is), else copied out. Made only by `Theirs::new`, which checks.
 pub(crate) enum Theirs<T> {
-    /// The message's bytes, aligned for `T` and a whole number of elements.
-    InPlace(Bytes),
+    /// The message's first `bytes` bytes, aligned for `T` and a whole number of elements.
+    InPlace {
+        /// The whole message: a slice of it would turn an unshared buffer into a
+        /// reference-counted one (an allocation and an atomic count) to drop one byte.
+        message: Bytes,
+        /// How many of its first bytes are the elements.
+        bytes: usize,
+    },
     Copied(Vec<T>),
 }
 
 impl<T: Element> Theirs<T> {
-    fn new(bytes: Bytes) -> Result<Self, Error> {
-        if bytemuck::try_cast_slice::<u8, T>(&bytes).is_ok() {
-            Ok(Theirs::InPlace(bytes))
+    /// The elements in the first `bytes` bytes of `message`.
+    fn new(message: Bytes, bytes: usize) -> Result<Self, Error> {
+        let elements = &message[..bytes];
+        if bytemuck::try_cast_slice::<u8, T>(elements).is_ok() {
+            Ok(Theirs::InPlace { message, bytes })
         } else {
-            to_vec(&bytes).map(Theirs::Copied)
+            to_vec(elements).map(Theirs::Copied)
         }
     }
 
     /// The elements as a vector of their own.
     pub fn into_vec(self) -> Vec<T> {
         match self {
-            Theirs::InPlace(_) => self.to_vec(),
+            Theirs::InPlace { .. } => self.to_vec(),
             Theirs::Copied(v) => v,
         }
     }
@@ -356,7 +364,7 @@ impl<T: Element> Deref for Theirs<T> {
     fn deref(&self) -> &[T] {
         match self {
             // Checked in `new`: aligned, a whole number of elements.
-            Theirs::InPlace(bytes) => bytemuck::cast_slice(bytes),
+            Theirs::InPlace { message, bytes } => bytemuck::cast_slice(&message[..*bytes]),
             Theirs::Copied(v) => v,
         }
     }

@@ -65,8 +65,11 @@ impl BufferPool {
     /// cannot be had.
     pub fn take(self: &Arc<Self>, len: usize) -> Option<Vec<u8>> {
         if len < POOLED_FROM {
-            let mut v = Vec::new();
-            return v.try_reserve_exact(len).ok().map(|()| v);
+            // Below a page, failing to allocate aborts anyway (as it would a moment later for
+            // any other small allocation); `with_capacity` is a plain `malloc`, where
+            // `try_reserve_exact` on an empty vector takes the growth path (some 200
+            // instructions more per small collective message).
+            return Some(Vec::with_capacity(len));
         }
         let class = len.checked_next_power_of_two()?.trailing_zeros() as usize;
         {
