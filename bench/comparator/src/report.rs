@@ -223,8 +223,10 @@ fn markdown(
     let _ = writeln!(s, "### Summary: rankweave against the better MPI\n");
     let _ = writeln!(
         s,
-        "Ratio = rankweave's median / the better MPI's median at that size. For latencies below \
-         1.00 means rankweave is faster; for bandwidths and message rates above 1.00 does.\n"
+        "Ratio = the median over the rounds of rankweave's result / the better MPI's in the same \
+         round (each round runs the three back to back, so drift of the machine between rounds \
+         cancels). For latencies below 1.00 means rankweave is faster; for bandwidths and \
+         message rates above 1.00 does.\n"
     );
     let _ = writeln!(
         s,
@@ -298,21 +300,41 @@ fn ratios(samples: &Samples, config: Config, bench: &str) -> Option<BTreeMap<u64
     let rw = get(Impl::Rankweave)?;
     let mut out = BTreeMap::new();
     for (size, v) in rw {
-        let Some(r) = summarize(v) else { continue };
-        let mpis: Vec<f64> = [Impl::Mpich, Impl::OpenMpi]
+        let mpis: Vec<&Vec<f64>> = [Impl::Mpich, Impl::OpenMpi]
             .into_iter()
-            .filter_map(|i| {
-                get(i)?
-                    .get(size)
-                    .and_then(|v| summarize(v))
-                    .map(|m| m.median)
-            })
+            .filter_map(|i| get(i)?.get(size))
             .collect();
-        if let Some(x) = ratio(bench, r.median, &mpis) {
+        if let Some(x) = paired_ratio(bench, v, &mpis) {
             out.insert(*size, x);
         }
     }
     (!out.is_empty()).then_some(out)
+}
+
+/// The ratio of rankweave's samples `rw` to the MPIs' at one size. When every implementation
+/// has one sample per round (the usual case), the median over the rounds of each round's
+/// ratio: the three runs of a round follow each other within seconds, so a drift of the VM's
+/// placement between rounds (2–8× here) scales a round's runs alike and cancels in its ratio,
+/// where the ratio of separate medians could pair a fast rankweave round with slow MPI rounds
+/// or the reverse. Otherwise (a round missing somewhere) the ratio of the medians.
+fn paired_ratio(bench: &str, rw: &[f64], mpis: &[&Vec<f64>]) -> Option<f64> {
+    let paired = !rw.is_empty() && !mpis.is_empty() && mpis.iter().all(|m| m.len() == rw.len());
+    if paired {
+        let per_round: Vec<f64> = (0..rw.len())
+            .filter_map(|i| {
+                let theirs: Vec<f64> = mpis.iter().map(|m| m[i]).collect();
+                ratio(bench, rw[i], &theirs)
+            })
+            .collect();
+        if per_round.len() == rw.len() {
+            return summarize(&per_round).map(|s| s.median);
+        }
+    }
+    let theirs: Vec<f64> = mpis
+        .iter()
+        .filter_map(|m| summarize(m).map(|s| s.median))
+        .collect();
+    ratio(bench, summarize(rw)?.median, &theirs)
 }
 
 fn detail_rows(samples: &Samples, config: Config, bench: &str) -> String {
@@ -365,6 +387,13 @@ mod tests {
         // Bandwidth: against the higher one.
         assert_eq!(ratio("bw", 1.0, &[2.0, 4.0]), Some(0.25));
         assert_eq!(ratio("bw", 1.0, &[]), None);
+        // Paired by round: round 2 ran slow for everyone, and its ratio is like round 1's; the
+        // ratio of the medians would pair rankweave's slow round with the MPIs' fast ones.
+        let rw = vec![1.0, 4.0, 1.1];
+        let (mpich, ompi) = (vec![2.0, 8.0, 2.0], vec![0.5, 2.0, 0.55]);
+        assert_eq!(paired_ratio("latency", &rw, &[&mpich, &ompi]), Some(2.0));
+        let unpaired = vec![2.0, 8.0];
+        assert_eq!(paired_ratio("latency", &rw, &[&unpaired]), Some(1.1 / 5.0));
         assert_eq!(size_label(1 << 20), "1 MiB");
         assert_eq!(size_label(65536), "64 KiB");
         assert_eq!(size_label(3), "3 B");
