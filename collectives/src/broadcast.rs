@@ -30,6 +30,7 @@ use rankweave_core::buffer_pool::BufferPool;
 use rankweave_core::tuning::BcastAlgorithm;
 use rankweave_core::{Error, SendOp};
 
+use crate::CollectiveOp;
 use crate::ctx::{Ctx, await_all, keep_pending};
 use crate::tree::BinomialTree;
 
@@ -56,19 +57,7 @@ pub(crate) async fn run(cx: Ctx, root: usize, data: Bytes) -> Result<Bytes, Erro
     };
     // Forwarded before it is decoded: a malformed header fails every rank below too, instead
     // of leaving them waiting for a message that would never come.
-    // Sends that went out eagerly are not kept (nothing to wait for, and no vector to
-    // allocate); the root, which has its data apart, gives the message itself to its last
-    // child instead of a clone.
-    let mut sends: Vec<SendOp> = Vec::new();
-    let mut children = tree.children().peekable();
-    while let Some(child) = children.next() {
-        let payload = if known.is_some() && children.peek().is_none() {
-            std::mem::take(&mut message)
-        } else {
-            message.clone()
-        };
-        keep_pending(&mut sends, cx.send(child.rank, payload));
-    }
+    let mut sends = send_down(&cx, &tree, &mut message, known.is_some());
     let header = known.map_or_else(
         || Header::decode(tree.parent().unwrap_or(root), &message),
         Ok,
@@ -125,6 +114,45 @@ pub(crate) async fn run(cx: Ctx, root: usize, data: Bytes) -> Result<Bytes, Erro
     };
     await_all(sends).await?;
     result
+}
+
+/// The root's whole part of a small binomial broadcast, done where it is called: the header
+/// and data go to its children at once, and when every send went out eagerly (the usual case)
+/// the broadcast is finished, with no future to allocate and poll — a root's broadcast is then
+/// as cheap as its sends. `Err(data)` when this broadcast is not one (another algorithm, or the
+/// data apart from the header): the caller runs it as usual.
+pub(crate) fn root_at_once(cx: &Ctx, data: Bytes) -> Result<CollectiveOp<Bytes>, Bytes> {
+    let header = Header::new(choose(cx, data.len()), data.len());
+    if header.algorithm != BcastAlgorithm::Binomial || header.separate {
+        return Err(data);
+    }
+    let tree = BinomialTree::new(cx, cx.rank);
+    let sends = send_down(cx, &tree, &mut header.message(&data), true);
+    if sends.is_empty() {
+        return Ok(CollectiveOp::finished(cx.rank, Ok(data)));
+    }
+    Ok(CollectiveOp::start(cx.rank, async move {
+        await_all(sends).await?;
+        Ok(data)
+    }))
+}
+
+/// Sends `message` to this rank's children in `tree`; returns the sends still pending (those
+/// that went out eagerly are not kept: nothing to wait for, and no vector to allocate). With
+/// `give_last` (the root, which has its data apart) the last child gets `message` itself
+/// instead of a clone, and `message` is left empty.
+fn send_down(cx: &Ctx, tree: &BinomialTree, message: &mut Bytes, give_last: bool) -> Vec<SendOp> {
+    let mut sends = Vec::new();
+    let mut children = tree.children().peekable();
+    while let Some(child) = children.next() {
+        let payload = if give_last && children.peek().is_none() {
+            std::mem::take(message)
+        } else {
+            message.clone()
+        };
+        keep_pending(&mut sends, cx.send(child.rank, payload));
+    }
+    sends
 }
 
 /// The data of a binomial broadcast sent apart from its header (by `from`), checked against

@@ -79,7 +79,18 @@ fn start<T: Send + 'static, F>(
 where
     F: Future<Output = Result<T, Error>> + Send + 'static,
 {
-    let cx = Ctx::next(comm);
+    start_in(Ctx::next(comm), check, run)
+}
+
+/// [`start`] in a context already taken.
+fn start_in<T: Send + 'static, F>(
+    cx: Ctx,
+    check: Result<(), Error>,
+    run: impl FnOnce(Ctx) -> F,
+) -> CollectiveOp<T>
+where
+    F: Future<Output = Result<T, Error>> + Send + 'static,
+{
     let rank = cx.rank;
     match check {
         Ok(()) => CollectiveOp::start(rank, run(cx)),
@@ -185,9 +196,17 @@ impl Collectives for Communicator {
                 engine.broadcast(root, (root == me).then_some(data))
             });
         }
-        start(self, ctx::check_root(root, self.size()), move |cx| {
-            broadcast::run(cx, root, data)
-        })
+        let cx = Ctx::next(self);
+        let check = ctx::check_root(root, cx.size);
+        let data = if check.is_ok() && root == cx.rank && cx.size > 1 {
+            match broadcast::root_at_once(&cx, data) {
+                Ok(done) => return done,
+                Err(data) => data,
+            }
+        } else {
+            data
+        };
+        start_in(cx, check, move |cx| broadcast::run(cx, root, data))
     }
 
     fn multicast_stats(&self) -> Option<BcastStats> {

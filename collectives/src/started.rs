@@ -71,8 +71,13 @@ impl<T: Send + 'static> CollectiveOp<T> {
     /// A collective that failed before it started (its arguments were invalid); nothing was
     /// sent.
     pub(crate) fn failed(rank: usize, error: Error) -> Self {
+        Self::finished(rank, Err(error))
+    }
+
+    /// A collective that finished where it was called (a small broadcast's root).
+    pub(crate) fn finished(rank: usize, result: Result<T, Error>) -> Self {
         CollectiveOp {
-            state: State::Ready(Some(Err(error))),
+            state: State::Ready(Some(result)),
             rank,
         }
     }

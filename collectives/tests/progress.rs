@@ -202,3 +202,39 @@ async fn a_collective_with_its_inputs_here_finishes_at_the_call() {
     late.await.expect("barrier");
     early.await.expect("barrier");
 }
+
+/// A small broadcast's root does its whole part where it is called (its sends go out eagerly):
+/// the future it returns is finished before it is polled. With the sends forced to rendezvous
+/// (no eager data at all) the root waits for its children as any send does. Either way every
+/// rank gets the data, on 2, 4 and 5 ranks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_broadcast_root_finishes_where_it_is_called() {
+    for eager in [true, false] {
+        let mut config = Config::default();
+        if !eager {
+            config.eager_limit = 0;
+        }
+        for n in [2, 4, 5] {
+            let results = job_with(n, &config, move |comm| async move {
+                let root = n - 1;
+                let data = if comm.rank() == root {
+                    b"eight by".to_vec()
+                } else {
+                    Vec::new()
+                };
+                let op = comm.broadcast(root, data);
+                let at_once = format!("{op:?}").contains("\"ready\"");
+                let got = op.await?;
+                assert_eq!(&got[..], b"eight by");
+                Ok::<_, Error>((comm.rank() == root, at_once))
+            })
+            .await;
+            for r in results {
+                let (is_root, at_once) = r.unwrap();
+                if is_root {
+                    assert_eq!(at_once, eager, "{n} ranks, eager {eager}");
+                }
+            }
+        }
+    }
+}
