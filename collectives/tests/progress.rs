@@ -205,8 +205,9 @@ async fn a_collective_with_its_inputs_here_finishes_at_the_call() {
 
 /// A small broadcast's root does its whole part where it is called (its sends go out eagerly):
 /// the future it returns is finished before it is polled. With the sends forced to rendezvous
-/// (no eager data at all) the root waits for its children as any send does. Either way every
-/// rank gets the data, on 2, 4 and 5 ranks.
+/// (no eager data at all) the root waits for its children as any send does (finished at once
+/// only if they happened to answer during its first look). Either way every rank gets the
+/// data, on 2, 4 and 5 ranks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_small_broadcast_root_finishes_where_it_is_called() {
     for eager in [true, false] {
@@ -231,8 +232,8 @@ async fn a_small_broadcast_root_finishes_where_it_is_called() {
             .await;
             for r in results {
                 let (is_root, at_once) = r.unwrap();
-                if is_root {
-                    assert_eq!(at_once, eager, "{n} ranks, eager {eager}");
+                if is_root && eager {
+                    assert!(at_once, "{n} ranks: the root's future was not finished");
                 }
             }
         }
