@@ -198,7 +198,7 @@ impl Collectives for Communicator {
         }
         let cx = Ctx::next(self);
         let check = ctx::check_root(root, cx.size);
-        let data = if check.is_ok() && root == cx.rank && cx.size > 1 {
+        let data = if check.is_ok() && root == cx.rank {
             match broadcast::root_at_once(&cx, data) {
                 Ok(done) => return done,
                 Err(data) => data,
