@@ -37,7 +37,8 @@ use rankweave_core::tuning::AllreduceAlgorithm;
 
 use crate::ctx::{Ctx, powers_of_two_below};
 use crate::reduce::{Reduction, Side, Theirs, block, even_bounds};
-use crate::{Element, ReduceOp};
+use crate::started::Next;
+use crate::{CollectiveOp, Element, ReduceOp};
 
 pub(crate) async fn run<T: Element>(
     cx: Ctx,
@@ -68,6 +69,28 @@ fn choose<T: Element>(cx: &Ctx, op: &ReduceOp<T>, len: usize) -> AllreduceAlgori
         Some(forced) => forced,
         None => automatic,
     }
+}
+
+/// Whether an all-reduce of `len` elements on two ranks is one exchange (recursive doubling).
+pub(crate) fn is_one_exchange<T: Element>(cx: &Ctx, op: &ReduceOp<T>, len: usize) -> bool {
+    choose(cx, op, len) == AllreduceAlgorithm::RecursiveDoubling
+}
+
+/// The all-reduce of two ranks by recursive doubling: one exchange, whose send goes out at the
+/// call; what is left is to receive the partner's vector and combine it (see
+/// [`CollectiveOp::receiving`]).
+pub(crate) fn pair<T: Element>(cx: Ctx, mut data: Vec<T>, op: ReduceOp<T>) -> CollectiveOp<Vec<T>> {
+    let (rank, partner) = (cx.rank, 1 - cx.rank);
+    let mut reduction = Reduction::new(cx, op);
+    let incoming = reduction.post(partner);
+    let sent = reduction.send(partner, &data);
+    CollectiveOp::receiving(rank, Some(sent), incoming.into_recv(), move |message| {
+        let len = data.len();
+        if let Some(theirs) = reduction.accept(partner, message.into_data(), len) {
+            reduction.combine(&mut data, theirs, Side::of(partner, rank));
+        }
+        Next::Done(reduction.finish(data))
+    })
 }
 
 async fn recursive_doubling<T: Element>(

@@ -5,7 +5,9 @@
 use bytes::Bytes;
 use rankweave_core::Error;
 
+use crate::CollectiveOp;
 use crate::ctx::Ctx;
+use crate::started::Next;
 
 pub(crate) async fn dissemination(cx: Ctx) -> Result<(), Error> {
     let (n, me) = (cx.size, cx.rank);
@@ -20,4 +22,13 @@ pub(crate) async fn dissemination(cx: Ctx) -> Result<(), Error> {
         step *= 2;
     }
     Ok(())
+}
+
+/// The barrier of two ranks: one round, whose signal goes out at the call; what is left is to
+/// hear from the other rank (see [`CollectiveOp::receiving`]).
+pub(crate) fn pair(cx: Ctx) -> CollectiveOp<()> {
+    let other = 1 - cx.rank;
+    let recv = cx.comm.collective_recv(other, cx.tag);
+    let sent = cx.send(other, Bytes::new());
+    CollectiveOp::receiving(cx.rank, Some(sent), recv, |_| Next::Done(Ok(())))
 }

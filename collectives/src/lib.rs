@@ -180,7 +180,11 @@ pub trait Collectives {
 
 impl Collectives for Communicator {
     fn barrier(&self) -> CollectiveOp<()> {
-        start(self, Ok(()), barrier::dissemination)
+        let cx = Ctx::next(self);
+        if cx.size == 2 {
+            return barrier::pair(cx);
+        }
+        start_in(cx, Ok(()), barrier::dissemination)
     }
 
     fn broadcast(&self, root: usize, data: impl Payload) -> CollectiveOp<Bytes> {
@@ -196,7 +200,7 @@ impl Collectives for Communicator {
                 engine.broadcast(root, (root == me).then_some(data))
             });
         }
-        let cx = Ctx::next(self);
+        let mut cx = Ctx::next(self);
         let check = ctx::check_root(root, cx.size);
         let data = if check.is_ok() && root == cx.rank {
             match broadcast::root_at_once(&cx, data) {
@@ -204,6 +208,12 @@ impl Collectives for Communicator {
                 Err(data) => data,
             }
         } else {
+            if check.is_ok() {
+                cx = match broadcast::leaf_at_once(cx, root) {
+                    Ok(leaf) => return leaf,
+                    Err(cx) => cx,
+                };
+            }
             data
         };
         start_in(cx, check, move |cx| broadcast::run(cx, root, data))
@@ -234,7 +244,11 @@ impl Collectives for Communicator {
         let op = op.into();
         let check = op.check();
         let data = data.to_vec();
-        start(self, check, move |cx| allreduce::run(cx, data, op))
+        let cx = Ctx::next(self);
+        if check.is_ok() && cx.size == 2 && allreduce::is_one_exchange(&cx, &op, data.len()) {
+            return allreduce::pair(cx, data, op);
+        }
+        start_in(cx, check, move |cx| allreduce::run(cx, data, op))
     }
 
     fn gather<T: Element>(&self, root: usize, data: &[T]) -> CollectiveOp<Option<Vec<T>>> {

@@ -152,6 +152,13 @@ pub(crate) struct Incoming {
     recv: RecvOp,
 }
 
+impl Incoming {
+    /// The posted receive, to be awaited elsewhere; its message goes to [`Reduction::accept`].
+    pub fn into_recv(self) -> RecvOp {
+        self.recv
+    }
+}
+
 /// One rank's part in a reduction collective: the context, the operation, and whether the
 /// collective has failed (see the [module docs](self)).
 pub(crate) struct Reduction<T> {
@@ -254,7 +261,9 @@ impl<T: Element> Reduction<T> {
         }
     }
 
-    fn accept(&mut self, from: usize, message: Bytes, len: usize) -> Option<Theirs<T>> {
+    /// Takes a message of `len` elements received from `from` (see [`receive`](Self::receive),
+    /// which awaits it and comes here).
+    pub fn accept(&mut self, from: usize, message: Bytes, len: usize) -> Option<Theirs<T>> {
         if self.fault.is_some() {
             return None;
         }

@@ -8,18 +8,39 @@
 //! hold up the ranks it forwards to (Yu's NIC-based collectives; here the runtime plays the
 //! NIC). The future only waits for the result.
 //!
+//! A collective whose part on this rank comes down, at the call, to one receive and what it then
+//! does with that message — a two-rank barrier or all-reduce once its send went out, a
+//! broadcast's leaf — does without the future and the task: it is built
+//! [`receiving`](CollectiveOp::receiving) that message and finishes where it is polled, as a
+//! point-to-point receive does. Nobody waits for anything more from this rank, so nothing is
+//! lost by leaving the rest to the caller's polls; this path is just cheaper (no future to
+//! allocate and move, no task to schedule and hand the result back from).
+//!
 //! Dropping the future does not cancel the collective: the other ranks depend on this one's part,
-//! so it runs to completion (like a dropped send).
+//! so it runs to completion (like a dropped send). A receiving one dropped early still takes its
+//! message, in a task.
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 
-use rankweave_core::Error;
+use rankweave_core::{Error, Message, RecvOp, SendOp};
 use tokio::task::JoinHandle;
 
-type BoxedRun<T> = Pin<Box<dyn Future<Output = Result<T, Error>> + Send + 'static>>;
+pub(crate) type BoxedRun<T> = Pin<Box<dyn Future<Output = Result<T, Error>> + Send + 'static>>;
+
+/// What a [`receiving`](CollectiveOp::receiving) collective does with its message.
+pub(crate) type Finish<T> = Box<dyn FnOnce(Message) -> Next<T> + Send>;
+
+/// What follows a receiving collective's message.
+pub(crate) enum Next<T> {
+    /// The collective's result.
+    Done(Result<T, Error>),
+    /// More to do than the message allowed for at the call (a broadcast's leaf that learns it
+    /// takes part in a large algorithm): it runs on as a task, as any other collective.
+    Run(BoxedRun<T>),
+}
 
 /// A collective in progress: it runs whether or not this future is polled, and dropping the
 /// future does not cancel it. Resolves to the collective's result.
@@ -35,6 +56,14 @@ enum State<T> {
     /// No runtime at the call (an executor other than tokio): after its first look it runs
     /// when this future is polled.
     Inline(BoxedRun<T>),
+    /// Waiting for one message (and for its last send, if that did not go out at once), then
+    /// finishing with the message where polled (see the [module docs](self)); `finish` is
+    /// taken when it runs.
+    Receiving {
+        send: Option<SendOp>,
+        recv: RecvOp,
+        finish: Option<Finish<T>>,
+    },
     /// Failed before it started (bad argument), or already taken.
     Ready(Option<Result<T, Error>>),
 }
@@ -45,7 +74,10 @@ impl<T: Send + 'static> CollectiveOp<T> {
         rank: usize,
         run: impl Future<Output = Result<T, Error>> + Send + 'static,
     ) -> Self {
-        let mut run: BoxedRun<T> = Box::pin(run);
+        Self::start_boxed(rank, Box::pin(run))
+    }
+
+    fn start_boxed(rank: usize, mut run: BoxedRun<T>) -> Self {
         // One look first: a collective whose inputs are already here (a late rank's barrier, a
         // broadcast root's eager sends) finishes at once, without a task and the scheduler
         // round trips of handing its result back. A pending one is then spawned and polled
@@ -60,12 +92,34 @@ impl<T: Send + 'static> CollectiveOp<T> {
                 // No tokio runtime (another executor): it runs when the future is polled.
                 Err(_) => State::Inline(run),
             },
-            Err(_) => State::Ready(Some(Err(Error::RankPanicked {
-                rank,
-                message: "a collective panicked".into(),
-            }))),
+            Err(_) => State::Ready(Some(Err(panicked(rank)))),
         };
         CollectiveOp { state, rank }
+    }
+
+    /// A collective whose whole remaining part is to see `send` (its last, if any) through,
+    /// receive with `recv` (already posted) and `finish` with the message. Like
+    /// [`start`](Self::start), it has a first look at once, so a message already here finishes
+    /// it at the call.
+    pub(crate) fn receiving(
+        rank: usize,
+        send: Option<SendOp>,
+        recv: RecvOp,
+        finish: impl FnOnce(Message) -> Next<T> + Send + 'static,
+    ) -> Self {
+        let mut op = CollectiveOp {
+            state: State::Receiving {
+                send: send.filter(|s| !s.is_complete()),
+                recv,
+                finish: Some(Box::new(finish)),
+            },
+            rank,
+        };
+        let mut cx = Context::from_waker(Waker::noop());
+        if let Poll::Ready(result) = Pin::new(&mut op).poll(&mut cx) {
+            op.state = State::Ready(Some(result));
+        }
+        op
     }
 
     /// A collective that failed before it started (its arguments were invalid); nothing was
@@ -83,15 +137,54 @@ impl<T: Send + 'static> CollectiveOp<T> {
     }
 }
 
-// Nothing in it is pinned structurally: the task handle and the boxed run are `Unpin`, and the
-// result is only moved out.
+fn panicked(rank: usize) -> Error {
+    Error::RankPanicked {
+        rank,
+        message: "a collective panicked".into(),
+    }
+}
+
+// Nothing in it is pinned structurally: the task handle, the boxed run and the receive are
+// `Unpin`, and the result is only moved out.
 impl<T> Unpin for CollectiveOp<T> {}
 
-impl<T> Future for CollectiveOp<T> {
+impl<T: Send + 'static> Future for CollectiveOp<T> {
     type Output = Result<T, Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
+        if let State::Receiving { send, recv, finish } = &mut this.state {
+            if let Some(pending) = send {
+                match Pin::new(pending).poll(cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(Ok(())) => *send = None,
+                    Poll::Ready(Err(e)) => {
+                        this.state = State::Ready(None);
+                        return Poll::Ready(Err(e));
+                    }
+                }
+            }
+            let message = match Pin::new(recv).poll(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Err(e)) => Err(e),
+                Poll::Ready(Ok(message)) => Ok(message),
+            };
+            let finish = finish.take();
+            this.state = State::Ready(None);
+            let next = match (message, finish) {
+                (Err(e), _) => Next::Done(Err(e)),
+                // Taken already: cannot happen, the state is left at once.
+                (Ok(_), None) => Next::Done(Err(Error::Shutdown)),
+                (Ok(message), Some(finish)) => {
+                    std::panic::catch_unwind(AssertUnwindSafe(|| finish(message)))
+                        .unwrap_or_else(|_| Next::Done(Err(panicked(this.rank))))
+                }
+            };
+            match next {
+                Next::Done(result) => return Poll::Ready(result),
+                Next::Run(run) => *this = Self::start_boxed(this.rank, run),
+            }
+        }
         match &mut this.state {
             State::Spawned(handle) => Pin::new(handle).poll(cx).map(|r| match r {
                 Ok(result) => result,
@@ -103,6 +196,25 @@ impl<T> Future for CollectiveOp<T> {
             }),
             State::Inline(run) => run.as_mut().poll(cx),
             State::Ready(r) => Poll::Ready(r.take().unwrap_or(Err(Error::Shutdown))),
+            // Left above, before this match.
+            State::Receiving { .. } => Poll::Ready(Err(Error::Shutdown)),
+        }
+    }
+}
+
+impl<T> Drop for CollectiveOp<T> {
+    fn drop(&mut self) {
+        // Its message still comes: a task takes it (without a runtime the receive is withdrawn
+        // and the message stays unclaimed, as with any future of another executor).
+        if let State::Receiving { recv, .. } =
+            std::mem::replace(&mut self.state, State::Ready(None))
+        {
+            // (A pending send goes on by itself when its future is dropped.)
+            if let Ok(handle) = tokio::runtime::Handle::try_current() {
+                drop(handle.spawn(async move {
+                    let _ = recv.await;
+                }));
+            }
         }
     }
 }
@@ -112,6 +224,7 @@ impl<T> std::fmt::Debug for CollectiveOp<T> {
         let state = match &self.state {
             State::Spawned(_) => "running",
             State::Inline(_) => "inline",
+            State::Receiving { .. } => "receiving",
             State::Ready(_) => "ready",
         };
         f.debug_struct("CollectiveOp")

@@ -183,8 +183,9 @@ async fn every_collective_on_256_ranks() {
 }
 
 /// A collective whose inputs are already there finishes at the call, without a task: alone in
-/// its communicator, or the second rank of a barrier whose peer's message has arrived. One that
-/// must wait runs as a task and still completes.
+/// its communicator, or the second rank of a barrier whose peer's message has arrived. One
+/// whose part comes down to a receive (a two-rank barrier) waits for it where it is polled;
+/// one with rounds to forward runs as a task. All complete.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_collective_with_its_inputs_here_finishes_at_the_call() {
     let comms = rankweave_transports::inproc::world(1, &Config::default()).expect("world");
@@ -194,13 +195,61 @@ async fn a_collective_with_its_inputs_here_finishes_at_the_call() {
 
     let comms = rankweave_transports::inproc::world(2, &Config::default()).expect("world");
     let early = comms[0].barrier();
-    assert!(format!("{early:?}").contains("running"), "{early:?}");
-    // Rank 0's first look sent its barrier message into rank 1's mailbox (in-process sends
-    // are synchronous), so rank 1's barrier has all it needs at the call.
+    assert!(format!("{early:?}").contains("receiving"), "{early:?}");
+    // Rank 0's call sent its barrier message into rank 1's mailbox (in-process sends are
+    // synchronous), so rank 1's barrier has all it needs at the call.
     let late = comms[1].barrier();
     assert!(format!("{late:?}").contains("ready"), "{late:?}");
     late.await.expect("barrier");
     early.await.expect("barrier");
+
+    let comms = rankweave_transports::inproc::world(3, &Config::default()).expect("world");
+    let first = comms[0].barrier();
+    assert!(format!("{first:?}").contains("running"), "{first:?}");
+    let rest = [comms[1].barrier(), comms[2].barrier()];
+    first.await.expect("barrier");
+    for op in rest {
+        op.await.expect("barrier");
+    }
+}
+
+/// Dropping a collective whose part was down to one receive (a two-rank barrier and
+/// all-reduce, a broadcast's leaf) before its message came does not leave that message
+/// behind: it is still taken, so nothing is left unexpected or posted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_receiving_collective_still_takes_its_message() {
+    let results = job_with(2, &Config::default(), |comm| async move {
+        let dropping = comm.rank() == 0;
+        if !dropping {
+            // Rank 0's calls come first: they wait for these messages.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let barrier = comm.barrier();
+        let sum = comm.all_reduce(&[1u32], Op::Sum);
+        let data = if dropping { Vec::new() } else { vec![3u8; 5] };
+        let bcast = comm.broadcast(1, data);
+        if dropping {
+            assert!(format!("{barrier:?}").contains("receiving"), "{barrier:?}");
+            assert!(format!("{bcast:?}").contains("receiving"), "{bcast:?}");
+            drop((barrier, sum, bcast));
+        } else {
+            barrier.await?;
+            assert_eq!(sum.await?, [2]);
+            assert_eq!(&bcast.await?[..], &[3u8; 5][..]);
+        }
+        // Sent after the three above, so they have all arrived once this is done.
+        comm.barrier().await?;
+        let stats = comm.stats();
+        Ok::<_, Error>((stats.unexpected_messages, stats.posted_receives))
+    })
+    .await;
+    for (rank, r) in results.into_iter().enumerate() {
+        assert_eq!(
+            r.unwrap(),
+            (0, 0),
+            "rank {rank}: messages left unexpected or posted"
+        );
+    }
 }
 
 /// A small broadcast's root does its whole part where it is called (its sends go out eagerly):
