@@ -254,6 +254,15 @@ struct Peer {
     lost: bool,
 }
 
+impl Peer {
+    /// Adds `cost` to the credit owed; returns what to give back now, if the debt reached
+    /// `threshold` (and the peer is there to hear it).
+    fn owe(&mut self, cost: u64, threshold: u64) -> Option<u64> {
+        self.owed += cost;
+        (self.owed >= threshold && !self.lost).then(|| std::mem::take(&mut self.owed))
+    }
+}
+
 /// The protocol state machine of one rank.
 #[derive(Debug)]
 pub struct Endpoint {
@@ -695,10 +704,15 @@ impl Endpoint {
                 seq
             }
         };
-        self.peer(from).next_recv_seq += 1;
+        // One look-up for both: this is every small message's path.
+        let threshold = self.credit_threshold();
+        let peer = self.peer(from);
+        peer.next_recv_seq += 1;
+        if let Some(bytes) = peer.owe(len as u64 + EAGER_OVERHEAD, threshold) {
+            self.send_credit(from, bytes);
+        }
         self.stats.frames_received += 1;
         self.stats.bytes_received += len as u64;
-        self.give_credit(from, len as u64 + EAGER_OVERHEAD);
         let received = Received {
             source: from,
             tag: env.tag,
@@ -828,6 +842,12 @@ impl Endpoint {
     /// The next event for the driver.
     pub fn poll_event(&mut self) -> Option<Event> {
         self.events.pop_front()
+    }
+
+    /// Whether frames wait in [`poll_transmit`](Self::poll_transmit) or events in
+    /// [`poll_event`](Self::poll_event).
+    pub fn has_output(&self) -> bool {
+        !self.transmit.is_empty() || !self.events.is_empty()
     }
 
     /// Drops the events not polled yet (a driver with nobody waiting for them).
@@ -1238,13 +1258,19 @@ impl Endpoint {
         if cost == 0 {
             return;
         }
-        let threshold = (self.credit_per_peer / 4).max(1);
-        let p = self.peer(peer);
-        p.owed += cost;
-        if p.owed >= threshold && !p.lost {
-            let bytes = std::mem::take(&mut p.owed);
-            self.queue(peer, Frame::control(Header::Credit { bytes }));
+        let threshold = self.credit_threshold();
+        if let Some(bytes) = self.peer(peer).owe(cost, threshold) {
+            self.send_credit(peer, bytes);
         }
+    }
+
+    /// Credit owed to a peer is given back in frames of at least this much.
+    fn credit_threshold(&self) -> u64 {
+        (self.credit_per_peer / 4).max(1)
+    }
+
+    fn send_credit(&mut self, peer: u32, bytes: u64) {
+        self.queue(peer, Frame::control(Header::Credit { bytes }));
     }
 
     fn peer_lost(&mut self, rank: u32) {

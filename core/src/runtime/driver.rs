@@ -265,7 +265,16 @@ impl Driver {
     }
 
     /// Hands queued frames to the transport and turns events into wakers.
+    #[inline]
     fn flush(&self, st: &mut DriverState, wake: &mut Vec<Waker>) {
+        // Usually nothing: a receive that took its message directly, say.
+        if st.endpoint.has_output() {
+            self.flush_output(st, wake);
+        }
+    }
+
+    /// [`flush`](Self::flush) when the endpoint has frames or events.
+    fn flush_output(&self, st: &mut DriverState, wake: &mut Vec<Waker>) {
         while let Some((to, frame)) = st.endpoint.poll_transmit() {
             self.hand_over(st, to, frame);
         }
