@@ -37,7 +37,6 @@ use rankweave_core::tuning::AllreduceAlgorithm;
 
 use crate::ctx::{Ctx, powers_of_two_below};
 use crate::reduce::{Reduction, Side, Theirs, block, even_bounds};
-use crate::started::Next;
 use crate::{CollectiveOp, Element, ReduceOp};
 
 pub(crate) async fn run<T: Element>(
@@ -89,7 +88,7 @@ pub(crate) fn pair<T: Element>(cx: Ctx, mut data: Vec<T>, op: ReduceOp<T>) -> Co
         if let Some(theirs) = reduction.accept(partner, message.into_data(), len) {
             reduction.combine(&mut data, theirs, Side::of(partner, rank));
         }
-        Next::Done(reduction.finish(data))
+        reduction.finish(data)
     })
 }
 

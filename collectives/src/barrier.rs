@@ -7,7 +7,6 @@ use rankweave_core::Error;
 
 use crate::CollectiveOp;
 use crate::ctx::Ctx;
-use crate::started::Next;
 
 pub(crate) async fn dissemination(cx: Ctx) -> Result<(), Error> {
     let (n, me) = (cx.size, cx.rank);
@@ -30,5 +29,5 @@ pub(crate) fn pair(cx: Ctx) -> CollectiveOp<()> {
     let other = 1 - cx.rank;
     let recv = cx.comm.collective_recv(other, cx.tag);
     let sent = cx.send(other, Bytes::new());
-    CollectiveOp::receiving(cx.rank, Some(sent), recv, |_| Next::Done(Ok(())))
+    CollectiveOp::receiving(cx.rank, Some(sent), recv, |_| Ok(()))
 }

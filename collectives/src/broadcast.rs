@@ -32,7 +32,6 @@ use rankweave_core::{Error, SendOp};
 
 use crate::CollectiveOp;
 use crate::ctx::{Ctx, await_all, keep_pending};
-use crate::started::Next;
 use crate::tree::BinomialTree;
 
 const HEADER_LEN: usize = 16;
@@ -49,26 +48,13 @@ pub(crate) async fn run(cx: Ctx, root: usize, data: Bytes) -> Result<Bytes, Erro
     }
     let tree = BinomialTree::new(&cx, root);
     // The root knows its header; the others read it from their parent's message.
-    let (message, data, known) = match tree.parent() {
+    let (mut message, data, known) = match tree.parent() {
         None => {
             let header = Header::new(choose(&cx, data.len()), data.len());
             (header.message(&data), Some(data), Some(header))
         }
         Some(parent) => (cx.recv(parent).await?, None, None),
     };
-    go_on(cx, tree, root, message, data, known).await
-}
-
-/// The rest of [`run`], once this rank holds its `message`: the root's (with its `data` and
-/// the header it `known`s) or the one from its parent.
-async fn go_on(
-    cx: Ctx,
-    tree: BinomialTree,
-    root: usize,
-    mut message: Bytes,
-    data: Option<Bytes>,
-    known: Option<Header>,
-) -> Result<Bytes, Error> {
     // Forwarded before it is decoded: a malformed header fails every rank below too, instead
     // of leaving them waiting for a message that would never come.
     let mut sends = send_down(&cx, &tree, &mut message, known.is_some());
@@ -105,9 +91,14 @@ async fn go_on(
             }
             body.and_then(|body| check_body(tree.parent().unwrap_or(root), body, len))
         }
-        BcastAlgorithm::Binomial => {
-            Ok(data.unwrap_or_else(|| body_of(std::mem::take(&mut message))))
-        }
+        BcastAlgorithm::Binomial => Ok(data.unwrap_or_else(|| {
+            // Advanced past the header rather than sliced: a slice would turn the received
+            // buffer, unshared, into a reference-counted one (an allocation and an atomic
+            // count) just to skip 16 bytes.
+            let mut body = std::mem::take(&mut message);
+            body.advance(HEADER_LEN);
+            body
+        })),
         _ if len == 0 => Ok(Bytes::new()),
         // Boxed: their state would otherwise make every broadcast's future (allocated per
         // call) over a kilobyte, out of the allocator's fast per-thread cache; for the large
@@ -144,54 +135,6 @@ pub(crate) fn root_at_once(cx: &Ctx, data: Bytes) -> Result<CollectiveOp<Bytes>,
         await_all(sends).await?;
         Ok(data)
     }))
-}
-
-/// A leaf's part of a broadcast that is binomial whatever its length: one receive, from its
-/// parent, and the data is what follows the header — finished where it is polled, with no
-/// future to allocate and no task (see [`CollectiveOp::receiving`]). `Err(cx)` for other
-/// ranks. Should the root's header name another algorithm (the tuning differs between ranks),
-/// the leaf runs its part as usual from there.
-pub(crate) fn leaf_at_once(cx: Ctx, root: usize) -> Result<CollectiveOp<Bytes>, Ctx> {
-    let tree = BinomialTree::new(&cx, root);
-    let Some(parent) = tree.parent() else {
-        return Err(cx);
-    };
-    if tree.children().next().is_some() || !always_binomial(&cx) {
-        return Err(cx);
-    }
-    let recv = cx.comm.collective_recv(parent, cx.tag);
-    Ok(CollectiveOp::receiving(
-        cx.rank,
-        None,
-        recv,
-        move |message| {
-            let message = message.into_data();
-            match Header::decode(parent, &message) {
-                Ok(header) if header.carries_data() => Next::Done(Ok(body_of(message))),
-                _ => Next::Run(Box::pin(go_on(cx, tree, root, message, None, None))),
-            }
-        },
-    ))
-}
-
-/// The data of a binomial broadcast's message that carries it: what follows the header.
-fn body_of(mut message: Bytes) -> Bytes {
-    // Advanced past the header rather than sliced: a slice would turn the received buffer,
-    // unshared, into a reference-counted one (an allocation and an atomic count) just to skip
-    // 16 bytes.
-    message.advance(HEADER_LEN);
-    message
-}
-
-/// Whether [`choose`] picks the binomial tree whatever the length: ranks other than the root
-/// then know their part before the root's header tells them. (Like MPICH's, the tuning must
-/// agree across ranks; where it does not, the header still decides.)
-fn always_binomial(cx: &Ctx) -> bool {
-    let tuning = &cx.comm.config().collectives;
-    match tuning.bcast {
-        Some(algorithm) => algorithm == BcastAlgorithm::Binomial,
-        None => cx.size < tuning.bcast_min_ranks.max(3),
-    }
 }
 
 /// Sends `message` to this rank's children in `tree`; returns the sends still pending (those

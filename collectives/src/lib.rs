@@ -200,7 +200,7 @@ impl Collectives for Communicator {
                 engine.broadcast(root, (root == me).then_some(data))
             });
         }
-        let mut cx = Ctx::next(self);
+        let cx = Ctx::next(self);
         let check = ctx::check_root(root, cx.size);
         let data = if check.is_ok() && root == cx.rank {
             match broadcast::root_at_once(&cx, data) {
@@ -208,12 +208,6 @@ impl Collectives for Communicator {
                 Err(data) => data,
             }
         } else {
-            if check.is_ok() {
-                cx = match broadcast::leaf_at_once(cx, root) {
-                    Ok(leaf) => return leaf,
-                    Err(cx) => cx,
-                };
-            }
             data
         };
         start_in(cx, check, move |cx| broadcast::run(cx, root, data))

@@ -9,8 +9,8 @@
 //! NIC). The future only waits for the result.
 //!
 //! A collective whose part on this rank comes down, at the call, to one receive and what it then
-//! does with that message — a two-rank barrier or all-reduce once its send went out, a
-//! broadcast's leaf — does without the future and the task: it is built
+//! does with that message — a two-rank barrier or all-reduce once its send went out — does
+//! without the future and the task: it is built
 //! [`receiving`](CollectiveOp::receiving) that message and finishes where it is polled, as a
 //! point-to-point receive does. Nobody waits for anything more from this rank, so nothing is
 //! lost by leaving the rest to the caller's polls; this path is just cheaper (no future to
@@ -28,19 +28,11 @@ use std::task::{Context, Poll, Waker};
 use rankweave_core::{Error, Message, RecvOp, SendOp};
 use tokio::task::JoinHandle;
 
-pub(crate) type BoxedRun<T> = Pin<Box<dyn Future<Output = Result<T, Error>> + Send + 'static>>;
+type BoxedRun<T> = Pin<Box<dyn Future<Output = Result<T, Error>> + Send + 'static>>;
 
-/// What a [`receiving`](CollectiveOp::receiving) collective does with its message.
-pub(crate) type Finish<T> = Box<dyn FnOnce(Message) -> Next<T> + Send>;
-
-/// What follows a receiving collective's message.
-pub(crate) enum Next<T> {
-    /// The collective's result.
-    Done(Result<T, Error>),
-    /// More to do than the message allowed for at the call (a broadcast's leaf that learns it
-    /// takes part in a large algorithm): it runs on as a task, as any other collective.
-    Run(BoxedRun<T>),
-}
+/// What a [`receiving`](CollectiveOp::receiving) collective does with its message: the
+/// collective's result.
+type Finish<T> = Box<dyn FnOnce(Message) -> Result<T, Error> + Send>;
 
 /// A collective in progress: it runs whether or not this future is polled, and dropping the
 /// future does not cancel it. Resolves to the collective's result.
@@ -74,10 +66,7 @@ impl<T: Send + 'static> CollectiveOp<T> {
         rank: usize,
         run: impl Future<Output = Result<T, Error>> + Send + 'static,
     ) -> Self {
-        Self::start_boxed(rank, Box::pin(run))
-    }
-
-    fn start_boxed(rank: usize, mut run: BoxedRun<T>) -> Self {
+        let mut run: BoxedRun<T> = Box::pin(run);
         // One look first: a collective whose inputs are already here (a late rank's barrier, a
         // broadcast root's eager sends) finishes at once, without a task and the scheduler
         // round trips of handing its result back. A pending one is then spawned and polled
@@ -105,7 +94,7 @@ impl<T: Send + 'static> CollectiveOp<T> {
         rank: usize,
         send: Option<SendOp>,
         recv: RecvOp,
-        finish: impl FnOnce(Message) -> Next<T> + Send + 'static,
+        finish: impl FnOnce(Message) -> Result<T, Error> + Send + 'static,
     ) -> Self {
         let mut op = CollectiveOp {
             state: State::Receiving {
@@ -148,7 +137,7 @@ fn panicked(rank: usize) -> Error {
 // `Unpin`, and the result is only moved out.
 impl<T> Unpin for CollectiveOp<T> {}
 
-impl<T: Send + 'static> Future for CollectiveOp<T> {
+impl<T> Future for CollectiveOp<T> {
     type Output = Result<T, Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
@@ -171,19 +160,15 @@ impl<T: Send + 'static> Future for CollectiveOp<T> {
             };
             let finish = finish.take();
             this.state = State::Ready(None);
-            let next = match (message, finish) {
-                (Err(e), _) => Next::Done(Err(e)),
+            return Poll::Ready(match (message, finish) {
+                (Err(e), _) => Err(e),
                 // Taken already: cannot happen, the state is left at once.
-                (Ok(_), None) => Next::Done(Err(Error::Shutdown)),
+                (Ok(_), None) => Err(Error::Shutdown),
                 (Ok(message), Some(finish)) => {
                     std::panic::catch_unwind(AssertUnwindSafe(|| finish(message)))
-                        .unwrap_or_else(|_| Next::Done(Err(panicked(this.rank))))
+                        .unwrap_or_else(|_| Err(panicked(this.rank)))
                 }
-            };
-            match next {
-                Next::Done(result) => return Poll::Ready(result),
-                Next::Run(run) => *this = Self::start_boxed(this.rank, run),
-            }
+            });
         }
         match &mut this.state {
             State::Spawned(handle) => Pin::new(handle).poll(cx).map(|r| match r {
