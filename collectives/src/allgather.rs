@@ -47,6 +47,11 @@ pub(crate) async fn all_gatherv<T: Element>(cx: Ctx, data: Bytes) -> Result<Vec<
     blocks.iter().map(|block| to_vec(block)).collect()
 }
 
+/// Whether `all_gather` of `own_bytes` a rank uses a small-message algorithm (not the ring).
+pub(crate) fn is_small(cx: &Ctx, own_bytes: usize) -> bool {
+    choose_for_equal_counts(cx, own_bytes) != AllgatherAlgorithm::Ring
+}
+
 fn choose_for_equal_counts(cx: &Ctx, own_bytes: usize) -> AllgatherAlgorithm {
     let tuning = &cx.comm.config().collectives;
     if let Some(algorithm) = tuning.allgather {

@@ -40,16 +40,20 @@ pub(crate) async fn all_to_all<T: Element>(
     let blocks = (0..n)
         .map(|r| bytes.slice(r * block_bytes..(r + 1) * block_bytes))
         .collect();
+    let received = exchange(&cx, choose(&cx, block_bytes), blocks).await?;
+    concat_equal_blocks(&received, count)
+}
+
+/// The algorithm of `all_to_all` with blocks of `block_bytes`.
+pub(crate) fn choose(cx: &Ctx, block_bytes: usize) -> AlltoallAlgorithm {
     let tuning = &cx.comm.config().collectives;
-    let algorithm = tuning
+    tuning
         .alltoall
         .unwrap_or(if block_bytes >= tuning.alltoall_large {
             AlltoallAlgorithm::Pairwise
         } else {
             AlltoallAlgorithm::Bruck
-        });
-    let received = exchange(&cx, algorithm, blocks).await?;
-    concat_equal_blocks(&received, count)
+        })
 }
 
 pub(crate) async fn all_to_allv<T: Element>(

@@ -191,13 +191,14 @@ pub(crate) fn decode_expected_blocks(
 /// Concatenates blocks that must each hold `count` elements (the block of rank i at index i);
 /// another count means the ranks disagree about the collective's arguments.
 pub(crate) fn concat_equal_blocks<T: bytemuck::Pod>(
-    blocks: &[Bytes],
+    blocks: &[impl AsRef<[u8]>],
     count: usize,
 ) -> Result<Vec<T>, Error> {
     let elem = std::mem::size_of::<T>();
     let block_bytes = count * elem;
     if let Some((rank, block)) = blocks
         .iter()
+        .map(AsRef::as_ref)
         .enumerate()
         .find(|(_, b)| b.len() != block_bytes)
     {
@@ -212,7 +213,7 @@ pub(crate) fn concat_equal_blocks<T: bytemuck::Pod>(
     if elem == 0 {
         return Ok(vec![T::zeroed(); count * blocks.len()]);
     }
-    let parts: Vec<&[u8]> = blocks.iter().map(|b| &b[..]).collect();
+    let parts: Vec<&[u8]> = blocks.iter().map(AsRef::as_ref).collect();
     Ok(elements_of(&parts))
 }
 

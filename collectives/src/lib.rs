@@ -52,10 +52,12 @@ mod reduce_scatter;
 mod scan;
 mod scatter;
 mod started;
+mod swap;
 mod tree;
 
 use bytemuck::Pod;
 use bytes::Bytes;
+use rankweave_core::tuning::AlltoallAlgorithm;
 use rankweave_core::{Communicator, Error, Payload};
 
 pub use mcast::BcastStats;
@@ -298,8 +300,12 @@ impl Collectives for Communicator {
     }
 
     fn all_gather<T: Element>(&self, data: &[T]) -> CollectiveOp<Vec<T>> {
+        let cx = Ctx::next(self);
+        if cx.size == 2 && allgather::is_small(&cx, size_of_val(data)) {
+            return swap::swap(cx, data, data, data.len());
+        }
         let (count, data) = (data.len(), ctx::to_bytes(data));
-        start(self, Ok(()), move |cx| {
+        start_in(cx, Ok(()), move |cx| {
             allgather::all_gather::<T>(cx, data, count)
         })
     }
@@ -321,8 +327,22 @@ impl Collectives for Communicator {
                 data.len()
             )))
         };
+        let cx = Ctx::next(self);
+        let count = data.len() / n;
+        if check.is_ok()
+            && n == 2
+            && alltoall::choose(&cx, count * size_of::<T>()) == AlltoallAlgorithm::Bruck
+        {
+            // Block r of `data` is for rank r.
+            let (to_0, to_1) = data.split_at(count);
+            return if cx.rank == 0 {
+                swap::swap(cx, to_0, to_1, count)
+            } else {
+                swap::swap(cx, to_1, to_0, count)
+            };
+        }
         let (count, data) = (data.len(), ctx::to_bytes(data));
-        start(self, check, move |cx| {
+        start_in(cx, check, move |cx| {
             alltoall::all_to_all::<T>(cx, data, count)
         })
     }
