@@ -229,7 +229,11 @@ impl Collectives for Communicator {
         let op = op.into();
         let check = ctx::check_root(root, self.size()).and_then(|()| op.check());
         let data = data.to_vec();
-        start(self, check, move |cx| reduce::binomial(cx, root, data, op))
+        let cx = Ctx::next(self);
+        if check.is_ok() && cx.size == 2 {
+            return reduce::pair(cx, root, data, op);
+        }
+        start_in(cx, check, move |cx| reduce::binomial(cx, root, data, op))
     }
 
     fn all_reduce<T: Element>(

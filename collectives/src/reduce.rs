@@ -39,7 +39,7 @@ use rankweave_core::{Error, RecvOp, SendOp};
 
 use crate::ctx::{Ctx, length_mismatch, to_vec};
 use crate::tree::BinomialTree;
-use crate::{Element, ReduceOp};
+use crate::{CollectiveOp, Element, ReduceOp};
 
 pub(crate) async fn binomial<T: Element>(
     cx: Ctx,
@@ -50,6 +50,37 @@ pub(crate) async fn binomial<T: Element>(
     let mut reduction = Reduction::new(cx, op);
     let result = reduce_to(&mut reduction, root, data).await?;
     reduction.finish(result)
+}
+
+/// The reduce of two ranks: the other rank sends its vector (at the call, then it is done)
+/// and the root combines it with its own in rank order, which serves every operation; the
+/// root's part is one receive, made where it is polled (see [`CollectiveOp::receiving`]).
+pub(crate) fn pair<T: Element>(
+    cx: Ctx,
+    root: usize,
+    mut data: Vec<T>,
+    op: ReduceOp<T>,
+) -> CollectiveOp<Option<Vec<T>>> {
+    let (me, other) = (cx.rank, 1 - cx.rank);
+    let mut reduction = Reduction::new(cx, op);
+    if me != root {
+        let sent = reduction.send(root, &data);
+        if sent.is_complete() {
+            return CollectiveOp::finished(me, Ok(None));
+        }
+        return CollectiveOp::start(me, async move {
+            sent.await?;
+            Ok(None)
+        });
+    }
+    let incoming = reduction.post(other);
+    CollectiveOp::receiving(me, None, incoming.into_recv(), move |message| {
+        let len = data.len();
+        if let Some(theirs) = reduction.accept(other, message.into_data(), len) {
+            reduction.combine(&mut data, theirs, Side::of(other, me));
+        }
+        reduction.finish(Some(data))
+    })
 }
 
 /// Reduces every rank's `data` (the same length everywhere) at `root`, in rank order for
