@@ -30,9 +30,45 @@ use tokio::task::JoinHandle;
 
 type BoxedRun<T> = Pin<Box<dyn Future<Output = Result<T, Error>> + Send + 'static>>;
 
-/// What a [`receiving`](CollectiveOp::receiving) collective does with its message: the
-/// collective's result.
-type Finish<T> = Box<dyn FnOnce(Message) -> Result<T, Error> + Send>;
+/// The rest of a [`receiving`](CollectiveOp::receiving) collective: its last send if it did
+/// not go out at once, its receive, and `finish`, which makes the result of the message. Boxed
+/// as one object (the closure inside it), so that a collective future stays small.
+struct Receiving<F> {
+    send: Option<SendOp>,
+    recv: RecvOp,
+    finish: F,
+}
+
+/// [`Receiving`] with its closure's type erased.
+trait Awaiting<T>: Send {
+    /// Polls the send, then the receive; the message once it came.
+    fn poll_message(&mut self, cx: &mut Context<'_>) -> Poll<Result<Message, Error>>;
+    /// The result of the message.
+    fn finish(self: Box<Self>, message: Message) -> Result<T, Error>;
+    /// The receive, for a task to take the message when the future is dropped first.
+    fn into_recv(self: Box<Self>) -> RecvOp;
+}
+
+impl<T, F: FnOnce(Message) -> Result<T, Error> + Send> Awaiting<T> for Receiving<F> {
+    fn poll_message(&mut self, cx: &mut Context<'_>) -> Poll<Result<Message, Error>> {
+        if let Some(pending) = &mut self.send {
+            match Pin::new(pending).poll(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Ok(())) => self.send = None,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+            }
+        }
+        Pin::new(&mut self.recv).poll(cx)
+    }
+
+    fn finish(self: Box<Self>, message: Message) -> Result<T, Error> {
+        (self.finish)(message)
+    }
+
+    fn into_recv(self: Box<Self>) -> RecvOp {
+        self.recv
+    }
+}
 
 /// A collective in progress: it runs whether or not this future is polled, and dropping the
 /// future does not cancel it. Resolves to the collective's result.
@@ -49,13 +85,8 @@ enum State<T> {
     /// when this future is polled.
     Inline(BoxedRun<T>),
     /// Waiting for one message (and for its last send, if that did not go out at once), then
-    /// finishing with the message where polled (see the [module docs](self)); `finish` is
-    /// taken when it runs.
-    Receiving {
-        send: Option<SendOp>,
-        recv: RecvOp,
-        finish: Option<Finish<T>>,
-    },
+    /// finishing with the message where polled (see the [module docs](self)).
+    Receiving(Box<dyn Awaiting<T>>),
     /// Failed before it started (bad argument), or already taken.
     Ready(Option<Result<T, Error>>),
 }
@@ -97,11 +128,11 @@ impl<T: Send + 'static> CollectiveOp<T> {
         finish: impl FnOnce(Message) -> Result<T, Error> + Send + 'static,
     ) -> Self {
         let mut op = CollectiveOp {
-            state: State::Receiving {
+            state: State::Receiving(Box::new(Receiving {
                 send: send.filter(|s| !s.is_complete()),
                 recv,
-                finish: Some(Box::new(finish)),
-            },
+                finish,
+            })),
             rank,
         };
         let mut cx = Context::from_waker(Waker::noop());
@@ -142,33 +173,19 @@ impl<T> Future for CollectiveOp<T> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
-        if let State::Receiving { send, recv, finish } = &mut this.state {
-            if let Some(pending) = send {
-                match Pin::new(pending).poll(cx) {
-                    Poll::Pending => return Poll::Pending,
-                    Poll::Ready(Ok(())) => *send = None,
-                    Poll::Ready(Err(e)) => {
-                        this.state = State::Ready(None);
-                        return Poll::Ready(Err(e));
-                    }
-                }
-            }
-            let message = match Pin::new(recv).poll(cx) {
+        if let State::Receiving(rest) = &mut this.state {
+            let message = match rest.poll_message(cx) {
                 Poll::Pending => return Poll::Pending,
-                Poll::Ready(Err(e)) => Err(e),
-                Poll::Ready(Ok(message)) => Ok(message),
+                Poll::Ready(message) => message,
             };
-            let finish = finish.take();
-            this.state = State::Ready(None);
-            return Poll::Ready(match (message, finish) {
-                (Err(e), _) => Err(e),
-                // Taken already: cannot happen, the state is left at once.
-                (Ok(_), None) => Err(Error::Shutdown),
-                (Ok(message), Some(finish)) => {
-                    std::panic::catch_unwind(AssertUnwindSafe(|| finish(message)))
-                        .unwrap_or_else(|_| Err(panicked(this.rank)))
-                }
-            });
+            let State::Receiving(rest) = std::mem::replace(&mut this.state, State::Ready(None))
+            else {
+                return Poll::Ready(Err(Error::Shutdown));
+            };
+            return Poll::Ready(message.and_then(|message| {
+                std::panic::catch_unwind(AssertUnwindSafe(|| rest.finish(message)))
+                    .unwrap_or_else(|_| Err(panicked(this.rank)))
+            }));
         }
         match &mut this.state {
             State::Spawned(handle) => Pin::new(handle).poll(cx).map(|r| match r {
@@ -182,7 +199,7 @@ impl<T> Future for CollectiveOp<T> {
             State::Inline(run) => run.as_mut().poll(cx),
             State::Ready(r) => Poll::Ready(r.take().unwrap_or(Err(Error::Shutdown))),
             // Left above, before this match.
-            State::Receiving { .. } => Poll::Ready(Err(Error::Shutdown)),
+            State::Receiving(_) => Poll::Ready(Err(Error::Shutdown)),
         }
     }
 }
@@ -191,9 +208,11 @@ impl<T> Drop for CollectiveOp<T> {
     fn drop(&mut self) {
         // Its message still comes: a task takes it (without a runtime the receive is withdrawn
         // and the message stays unclaimed, as with any future of another executor).
-        if let State::Receiving { recv, .. } =
-            std::mem::replace(&mut self.state, State::Ready(None))
-        {
+        if !matches!(self.state, State::Receiving(_)) {
+            return;
+        }
+        if let State::Receiving(rest) = std::mem::replace(&mut self.state, State::Ready(None)) {
+            let recv = rest.into_recv();
             // (A pending send goes on by itself when its future is dropped.)
             if let Ok(handle) = tokio::runtime::Handle::try_current() {
                 drop(handle.spawn(async move {
@@ -209,7 +228,7 @@ impl<T> std::fmt::Debug for CollectiveOp<T> {
         let state = match &self.state {
             State::Spawned(_) => "running",
             State::Inline(_) => "inline",
-            State::Receiving { .. } => "receiving",
+            State::Receiving(_) => "receiving",
             State::Ready(_) => "ready",
         };
         f.debug_struct("CollectiveOp")
