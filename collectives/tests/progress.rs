@@ -9,7 +9,7 @@ use rankweave_core::tuning::BcastAlgorithm;
 use rankweave_core::{Config, Error};
 
 mod common;
-use common::job_with;
+use common::{job_with, job_within};
 
 /// Yu's skew tolerance: rank 2 is rank 3's parent in the binomial tree from root 0. It starts
 /// the broadcast, then does something else for a long time before it looks at the result. Rank
@@ -284,4 +284,39 @@ async fn a_small_broadcast_root_finishes_where_it_is_called() {
             }
         }
     }
+}
+
+/// A two-rank collective whose part is one receive fails with `PeerFailed` when the other rank
+/// is gone, instead of waiting for a message that cannot come: posted before the other rank
+/// left or after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receiving_collective_fails_when_its_peer_is_gone() {
+    let results = job_within(
+        2,
+        &Config::default(),
+        Duration::from_secs(20),
+        |comm| async move {
+            if comm.rank() == 1 {
+                // Leaves at once: its communicator is dropped and its transport closed.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                return Vec::new();
+            }
+            let early = comm.barrier();
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let gone = |r: Result<(), Error>| r == Err(Error::PeerFailed { rank: 1 });
+            vec![
+                gone(early.await),
+                gone(comm.barrier().await),
+                gone(comm.all_reduce(&[1u32], Op::Sum).await.map(drop)),
+                gone(comm.reduce(0, &[1u32], Op::Sum).await.map(drop)),
+                gone(comm.all_gather(&[1u32]).await.map(drop)),
+                gone(comm.all_to_all(&[1u32, 2]).await.map(drop)),
+            ]
+        },
+    )
+    .await;
+    assert_eq!(
+        results[0], [true; 6],
+        "barrier (posted before), barrier, all_reduce, reduce, all_gather, all_to_all"
+    );
 }
