@@ -84,10 +84,7 @@ pub(crate) fn pair<T: Element>(cx: Ctx, mut data: Vec<T>, op: ReduceOp<T>) -> Co
     let incoming = reduction.post(partner);
     let sent = reduction.send(partner, &data);
     CollectiveOp::receiving(rank, Some(sent), incoming.into_recv(), move |message| {
-        let len = data.len();
-        if let Some(theirs) = reduction.accept(partner, message.into_data(), len) {
-            reduction.combine(&mut data, theirs, Side::of(partner, rank));
-        }
+        reduction.combine_message(partner, message.into_data(), &mut data);
         reduction.finish(data)
     })
 }

@@ -75,10 +75,7 @@ pub(crate) fn pair<T: Element>(
     }
     let incoming = reduction.post(other);
     CollectiveOp::receiving(me, None, incoming.into_recv(), move |message| {
-        let len = data.len();
-        if let Some(theirs) = reduction.accept(other, message.into_data(), len) {
-            reduction.combine(&mut data, theirs, Side::of(other, me));
-        }
+        reduction.combine_message(other, message.into_data(), &mut data);
         reduction.finish(Some(data))
     })
 }
@@ -292,9 +289,16 @@ impl<T: Element> Reduction<T> {
         }
     }
 
-    /// Takes a message of `len` elements received from `from` (see [`receive`](Self::receive),
-    /// which awaits it and comes here).
-    pub fn accept(&mut self, from: usize, message: Bytes, len: usize) -> Option<Theirs<T>> {
+    /// Combines the partial `from` sent in `message` into `mine`, in rank order; a fault
+    /// notice or a bad message is recorded instead, as with [`receive`](Self::receive). For a
+    /// message received without this type's help (a two-rank collective's one receive).
+    pub fn combine_message(&mut self, from: usize, message: Bytes, mine: &mut [T]) {
+        if let Some(theirs) = self.accept(from, message, mine.len()) {
+            self.combine(mine, theirs, Side::of(from, self.cx.rank));
+        }
+    }
+
+    fn accept(&mut self, from: usize, message: Bytes, len: usize) -> Option<Theirs<T>> {
         if self.fault.is_some() {
             return None;
         }
