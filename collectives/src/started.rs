@@ -173,20 +173,6 @@ impl<T> Future for CollectiveOp<T> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
-        if let State::Receiving(rest) = &mut this.state {
-            let message = match rest.poll_message(cx) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(message) => message,
-            };
-            let State::Receiving(rest) = std::mem::replace(&mut this.state, State::Ready(None))
-            else {
-                return Poll::Ready(Err(Error::Shutdown));
-            };
-            return Poll::Ready(message.and_then(|message| {
-                std::panic::catch_unwind(AssertUnwindSafe(|| rest.finish(message)))
-                    .unwrap_or_else(|_| Err(panicked(this.rank)))
-            }));
-        }
         match &mut this.state {
             State::Spawned(handle) => Pin::new(handle).poll(cx).map(|r| match r {
                 Ok(result) => result,
@@ -198,8 +184,20 @@ impl<T> Future for CollectiveOp<T> {
             }),
             State::Inline(run) => run.as_mut().poll(cx),
             State::Ready(r) => Poll::Ready(r.take().unwrap_or(Err(Error::Shutdown))),
-            // Left above, before this match.
-            State::Receiving(_) => Poll::Ready(Err(Error::Shutdown)),
+            State::Receiving(rest) => {
+                let message = match rest.poll_message(cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(message) => message,
+                };
+                let State::Receiving(rest) = std::mem::replace(&mut this.state, State::Ready(None))
+                else {
+                    return Poll::Ready(Err(Error::Shutdown));
+                };
+                Poll::Ready(message.and_then(|message| {
+                    std::panic::catch_unwind(AssertUnwindSafe(|| rest.finish(message)))
+                        .unwrap_or_else(|_| Err(panicked(this.rank)))
+                }))
+            }
         }
     }
 }
