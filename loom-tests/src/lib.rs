@@ -49,6 +49,10 @@ pub mod sync {
         granule: usize,
         len: usize,
         cells: Vec<UnsafeCell<Vec<u8>>>,
+        /// The word at the start of each granule, for `load_word` and `store_word`: kept apart
+        /// from the granule's bytes (which `write` and `with_slice` reach), so the models use
+        /// it only for words the modelled code never touches byte-wise while they are watched.
+        words: Vec<super::sync::atomic::AtomicU64>,
     }
 
     // SAFETY: the cells are only reached through the `unsafe` methods, whose callers promise
@@ -70,7 +74,44 @@ pub mod sync {
                 cells: (0..len / granule)
                     .map(|_| UnsafeCell::new(vec![0u8; granule]))
                     .collect(),
+                words: (0..len / granule)
+                    .map(|_| super::sync::atomic::AtomicU64::new(0))
+                    .collect(),
             }
+        }
+
+        /// The word of the granule that starts at `at`.
+        fn word(&self, at: usize) -> &super::sync::atomic::AtomicU64 {
+            assert!(
+                at % self.granule == 0 && at < self.len,
+                "word access at {at}: not the start of a granule of {} in {} bytes",
+                self.granule,
+                self.len
+            );
+            &self.words[at / self.granule]
+        }
+
+        /// Loads the word at offset `at` (the start of a granule) atomically.
+        ///
+        /// # Safety
+        ///
+        /// None beyond the std version's; kept `unsafe` to match it.
+        pub unsafe fn load_word(&self, at: usize, order: super::sync::atomic::Ordering) -> u64 {
+            self.word(at).load(order)
+        }
+
+        /// Stores the word at offset `at` (the start of a granule) atomically.
+        ///
+        /// # Safety
+        ///
+        /// None beyond the std version's; kept `unsafe` to match it.
+        pub unsafe fn store_word(
+            &self,
+            at: usize,
+            value: u64,
+            order: super::sync::atomic::Ordering,
+        ) {
+            self.word(at).store(value, order)
         }
 
         /// Calls `f(granule, offset in it, offset in the access, bytes)` for each piece of
@@ -229,6 +270,17 @@ pub mod ring_api {
         }
     }
 
+    /// `shm_ring::RingKey`.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct RingKey(ring::RingKey);
+
+    impl RingKey {
+        /// `RingKey::new`.
+        pub fn new(nonce: u64, sender: u32) -> RingKey {
+            RingKey(ring::RingKey::new(nonce, sender))
+        }
+    }
+
     /// `shm_ring::RingControl`.
     #[derive(Default)]
     pub struct RingControl(ring::RingControl);
@@ -239,14 +291,14 @@ pub mod ring_api {
             RingControl(ring::RingControl::new())
         }
 
-        /// `RingControl::has_records`.
-        pub fn has_records(&self, tail: u64) -> bool {
-            self.0.has_records(tail)
-        }
-
         /// `RingControl::has_unreleased`.
-        pub fn has_unreleased(&self) -> bool {
-            self.0.has_unreleased()
+        pub fn has_unreleased(
+            &self,
+            data: &SharedBytes,
+            geometry: RingGeometry,
+            key: RingKey,
+        ) -> bool {
+            self.0.has_unreleased(data, geometry.real(), key.0)
         }
     }
 
@@ -267,8 +319,8 @@ pub mod ring_api {
 
     impl RingProducer {
         /// `RingProducer::new`.
-        pub fn new(control: &RingControl, geometry: RingGeometry) -> RingProducer {
-            RingProducer(ring::RingProducer::new(&control.0, geometry.real()))
+        pub fn new(control: &RingControl, geometry: RingGeometry, key: RingKey) -> RingProducer {
+            RingProducer(ring::RingProducer::new(&control.0, geometry.real(), key.0))
         }
 
         /// `RingProducer::max_body`.
@@ -319,23 +371,18 @@ pub mod ring_api {
 
     impl RingConsumer {
         /// `RingConsumer::new`.
-        pub fn new(control: &RingControl, geometry: RingGeometry) -> RingConsumer {
-            RingConsumer(ring::RingConsumer::new(&control.0, geometry.real()))
+        pub fn new(control: &RingControl, geometry: RingGeometry, key: RingKey) -> RingConsumer {
+            RingConsumer(ring::RingConsumer::new(&control.0, geometry.real(), key.0))
         }
 
         /// `RingConsumer::has_records`.
-        pub fn has_records(&self, control: &RingControl) -> bool {
-            self.0.has_records(&control.0)
+        pub fn has_records(&self, data: &SharedBytes) -> bool {
+            self.0.has_records(data)
         }
 
         /// `RingConsumer::pop`.
-        pub fn pop<R>(
-            &mut self,
-            control: &RingControl,
-            data: &SharedBytes,
-            f: impl FnOnce(u8, &[u8]) -> R,
-        ) -> Popped<R> {
-            match self.0.pop(&control.0, data, f) {
+        pub fn pop<R>(&mut self, data: &SharedBytes, f: impl FnOnce(u8, &[u8]) -> R) -> Popped<R> {
+            match self.0.pop(data, f) {
                 ring::Popped::Empty => Popped::Empty,
                 ring::Popped::Record(r) => Popped::Record(r),
                 ring::Popped::Corrupt => Popped::Corrupt,
@@ -345,11 +392,10 @@ pub mod ring_api {
         /// `RingConsumer::pop_if`.
         pub fn pop_if<R>(
             &mut self,
-            control: &RingControl,
             data: &SharedBytes,
             f: impl FnOnce(u8, &[u8]) -> Option<R>,
         ) -> Popped<Option<R>> {
-            match self.0.pop_if(&control.0, data, f) {
+            match self.0.pop_if(data, f) {
                 ring::Popped::Empty => Popped::Empty,
                 ring::Popped::Record(r) => Popped::Record(r),
                 ring::Popped::Corrupt => Popped::Corrupt,

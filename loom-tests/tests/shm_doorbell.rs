@@ -1,6 +1,6 @@
 //! Loom models of the shared-memory transport's park/notify doorbell
 //! (transports/src/shm/doorbell.rs): the owner `arm`s, then looks at its rings; a producer
-//! publishes (stores a ring head with `Release`), then asks `should_signal`.
+//! publishes (stores a record's stamp with `Release`), then asks `should_signal`.
 //!
 //! Run: `LOOM_MAX_PREEMPTIONS=3 cargo test -p loom-tests --release`. See README.md.
 
@@ -9,7 +9,9 @@ use loom::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use loom::thread;
 use loom_tests::doorbell_api::Doorbell;
 use loom_tests::harness::model;
-use loom_tests::ring_api::{Pushed, RingConsumer, RingControl, RingGeometry, RingProducer};
+use loom_tests::ring_api::{
+    Pushed, RingConsumer, RingControl, RingGeometry, RingKey, RingProducer,
+};
 use loom_tests::sync::SharedBytes;
 
 /// How many times the sleeping owner yields before the model declares the wake-up lost (see
@@ -177,23 +179,25 @@ fn owner_sleeps_until_signalled() {
 }
 
 /// (1, with the real ring) The same handshake as the transport runs it: the producer pushes a
-/// record with `RingProducer::try_push` (its `Release` head store) and then asks
-/// `should_signal`; the owner arms and then asks `RingConsumer::has_records`. The owner sees the
+/// record with `RingProducer::try_push` (its `Release` stamp store) and then asks
+/// `should_signal`; the owner arms and then asks `RingConsumer::has_records` (a look at the
+/// stamp word). The owner sees the
 /// record or is signalled.
 #[test]
 fn ring_push_vs_park() {
     model(|| {
         let geometry = RingGeometry {
-            capacity: 64,
-            unit: 8,
+            capacity: 128,
+            unit: 16,
         };
+        let key = RingKey::new(0x5EED, 1);
         let shared = Arc::new((
             Doorbell::new(),
             RingControl::new(),
             SharedBytes::new(geometry.capacity, geometry.unit),
         ));
-        let mut p = RingProducer::new(&shared.1, geometry);
-        let c = RingConsumer::new(&shared.1, geometry);
+        let mut p = RingProducer::new(&shared.1, geometry, key);
+        let c = RingConsumer::new(&shared.1, geometry, key);
         let producer = {
             let shared = shared.clone();
             thread::spawn(move || {
@@ -202,9 +206,9 @@ fn ring_push_vs_park() {
                 bell.should_signal()
             })
         };
-        let (bell, control, _) = &*shared;
+        let (bell, _, data) = &*shared;
         bell.arm();
-        let saw = c.has_records(control);
+        let saw = c.has_records(data);
         let signalled = producer.join().unwrap();
         assert!(
             saw || signalled,

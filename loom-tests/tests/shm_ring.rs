@@ -1,5 +1,6 @@
 //! Loom models of the shared-memory transport's SPSC ring (transports/src/shm/ring.rs), compiled
-//! against loom's atomics and a loom-checked `SharedBytes` (one `UnsafeCell` per 8-byte unit).
+//! against loom's atomics and a loom-checked `SharedBytes` (one `UnsafeCell` per 16-byte unit,
+//! and the stamp word at its start an atomic of its own).
 //!
 //! Run: `LOOM_MAX_PREEMPTIONS=3 cargo test -p loom-tests --release`. See README.md.
 
@@ -7,14 +8,17 @@ use loom::sync::Arc;
 use loom::sync::atomic::{AtomicBool, Ordering};
 use loom::thread;
 use loom_tests::harness::model;
-use loom_tests::ring_api::{Popped, Pushed, RingConsumer, RingControl, RingGeometry, RingProducer};
+use loom_tests::ring_api::{
+    Popped, Pushed, RingConsumer, RingControl, RingGeometry, RingKey, RingProducer,
+};
 use loom_tests::sync::SharedBytes;
 
-/// The smallest useful geometry: 64 bytes in 8-byte units, so bodies of up to 8 bytes
-/// (footprint 8 for an empty body, 16 otherwise) and a ring full after four 16-byte records.
+/// The smallest useful geometry: 128 bytes in 16-byte units (one record header), so bodies of
+/// up to 16 bytes (footprint 16 for an empty body, 32 otherwise) and a ring full after four
+/// 32-byte records.
 const GEOMETRY: RingGeometry = RingGeometry {
-    capacity: 64,
-    unit: 8,
+    capacity: 128,
+    unit: 16,
 };
 
 /// How many times a spinning thread yields before the model declares it stuck. Loom only
@@ -33,14 +37,19 @@ struct Ring {
 /// A fresh ring with the producer and consumer ends, both created before any thread starts.
 fn ring() -> (Ring, RingProducer, RingConsumer) {
     assert!(GEOMETRY.is_valid());
-    assert_eq!(GEOMETRY.max_body(), 8);
+    assert_eq!(GEOMETRY.max_body(), 16);
     let ring = Ring {
         control: RingControl::new(),
         data: SharedBytes::new(GEOMETRY.capacity, GEOMETRY.unit),
     };
-    let producer = RingProducer::new(&ring.control, GEOMETRY);
-    let consumer = RingConsumer::new(&ring.control, GEOMETRY);
+    let producer = RingProducer::new(&ring.control, GEOMETRY, key());
+    let consumer = RingConsumer::new(&ring.control, GEOMETRY, key());
     (ring, producer, consumer)
+}
+
+/// The key of the modelled ring.
+fn key() -> RingKey {
+    RingKey::new(0x5EED, 1)
 }
 
 /// A body of `len` bytes that differs from every other record's (`seed` is the record number).
@@ -67,7 +76,7 @@ type Record = (u8, Vec<u8>);
 
 /// Pops one record, copying it out.
 fn pop(c: &mut RingConsumer, r: &Ring) -> Popped<Record> {
-    c.pop(&r.control, &r.data, |kind, b| (kind, b.to_vec()))
+    c.pop(&r.data, |kind, b| (kind, b.to_vec()))
 }
 
 /// Single-threaded setup (before any thread is spawned): pushes records with these body
@@ -92,14 +101,15 @@ fn advance(r: &Ring, p: &mut RingProducer, c: &mut RingConsumer, bodies: &[usize
 fn records_in_order_across_wrap() {
     model(|| {
         let (r, mut p, mut c) = ring();
-        // Start at position 8 (after one empty-body record), so that the last record wraps
+        // Start at position 16 (after one empty-body record), so that the last record wraps
         // while the ring is nearly full.
         advance(&r, &mut p, &mut c, &[0]);
         let r = Arc::new(r);
 
-        // (kind, body): offsets 8..24; 24..40; 40..56; then PAD 56..64 + 0..16 (the wrap),
-        // which needs 24 bytes while 16 are free: it waits until the first record is released
-        // (a producer that forgot the PAD's bytes would overwrite that record's header).
+        // (kind, body): offsets 16..48; 48..80; 80..112; then PAD 112..128 + 0..32 (the
+        // wrap), which needs 48 bytes while 32 are free: it waits until the first record is
+        // released (a producer that forgot the PAD's bytes would overwrite that record's
+        // header).
         let records: Vec<Record> = vec![
             (1, body(1, 8)),
             (2, body(2, 7)),
@@ -132,7 +142,7 @@ fn records_in_order_across_wrap() {
                 // Each record is first looked at and declined (a receive's in-place offer that
                 // does not want it), then read: both see the same bytes.
                 let mut peeked = None;
-                match c.pop_if(&r.control, &r.data, |kind, b| {
+                match c.pop_if(&r.data, |kind, b| {
                     peeked = Some((kind, b.to_vec()));
                     None::<()>
                 }) {
@@ -159,8 +169,8 @@ fn records_in_order_across_wrap() {
 
         assert_eq!(got, records);
         assert_eq!(pop(&mut c, &r), Popped::Empty);
-        assert!(!c.has_records(&r.control));
-        assert!(!r.control.has_unreleased());
+        assert!(!c.has_records(&r.data));
+        assert!(!r.control.has_unreleased(&r.data, GEOMETRY, key()));
     });
 }
 
@@ -183,7 +193,7 @@ impl Signalled {
     }
 }
 
-/// A ring filled by four 16-byte records (kinds 1 to 4), the producer and consumer ends, and
+/// A ring filled by four 32-byte records (kinds 1 to 4), the producer and consumer ends, and
 /// the expected records.
 fn full_ring() -> (Arc<Signalled>, RingProducer, RingConsumer, Vec<Record>) {
     let (r, mut p, c) = ring();
@@ -196,7 +206,7 @@ fn full_ring() -> (Arc<Signalled>, RingProducer, RingConsumer, Vec<Record>) {
     assert_eq!(
         p.try_push(&r.control, &r.data, 9, &[&[0]]),
         Pushed::Full,
-        "four 16-byte records fill 64 bytes"
+        "four 32-byte records fill 128 bytes"
     );
     let shared = Arc::new(Signalled {
         ring: r,
@@ -297,7 +307,7 @@ fn full_ring_producer_always_proceeds() {
         producer.join().unwrap();
         assert_eq!(got, records);
         assert_eq!(pop(&mut c, r), Popped::Empty);
-        assert!(!r.control.has_unreleased());
+        assert!(!r.control.has_unreleased(&r.data, GEOMETRY, key()));
     });
 }
 
@@ -318,7 +328,7 @@ fn discard_all_vs_push() {
             let records = records.clone();
             thread::spawn(move || {
                 for (kind, b) in &records {
-                    // 16 + 8 + 16 bytes: they fit without the consumer's help.
+                    // 32 + 16 + 32 bytes: they fit without the consumer's help.
                     assert_eq!(p.try_push(&r.control, &r.data, *kind, &[b]), Pushed::Done);
                 }
             })
@@ -347,7 +357,7 @@ fn discard_all_vs_push() {
             "read {rest:?} after discard_all: not the last records pushed"
         );
         let _ = c.discard_all(&r.control);
-        assert!(!c.has_records(&r.control));
-        assert!(!r.control.has_unreleased());
+        assert!(!c.has_records(&r.data));
+        assert!(!r.control.has_unreleased(&r.data, GEOMETRY, key()));
     });
 }

@@ -56,6 +56,30 @@ impl SharedBytes {
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.add(at), src.len()) }
     }
 
+    /// Loads the 8-byte word at offset `at` atomically.
+    ///
+    /// # Safety
+    ///
+    /// `at + 8 <= self.len()` and the address is 8-aligned; the word is only written through
+    /// [`store_word`](Self::store_word) while anyone may load it.
+    pub(crate) unsafe fn load_word(&self, at: usize, order: atomic::Ordering) -> u64 {
+        debug_assert!(at + 8 <= self.len && (self.ptr as usize + at) % 8 == 0);
+        // SAFETY: in bounds and aligned, by the caller's promise; an AtomicU64 has the size and
+        // alignment of a u64, and concurrent writers use atomic stores too.
+        unsafe { atomic::AtomicU64::from_ptr(self.ptr.add(at).cast()).load(order) }
+    }
+
+    /// Stores the 8-byte word at offset `at` atomically.
+    ///
+    /// # Safety
+    ///
+    /// As for [`load_word`](Self::load_word).
+    pub(crate) unsafe fn store_word(&self, at: usize, value: u64, order: atomic::Ordering) {
+        debug_assert!(at + 8 <= self.len && (self.ptr as usize + at) % 8 == 0);
+        // SAFETY: as in `load_word`.
+        unsafe { atomic::AtomicU64::from_ptr(self.ptr.add(at).cast()).store(value, order) }
+    }
+
     /// Calls `f` with the `len` bytes at offset `at`.
     ///
     /// # Safety

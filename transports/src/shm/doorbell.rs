@@ -8,8 +8,8 @@
 //! transport uses a datagram on the rank's signal socket; see `signal.rs`).
 //!
 //! The handshake is Dekker's: the parker stores `PARKED`, issues a `SeqCst` fence and loads the
-//! ring heads; the producer stores the head, issues a `SeqCst` fence and loads the doorbell.
-//! The fences are totally ordered, so either the parker sees the record (and does not sleep) or
+//! words at its rings' read positions; the producer stores a record's stamp there, issues a
+//! `SeqCst` fence and loads the doorbell. The fences are totally ordered, so either the parker sees the record (and does not sleep) or
 //! the producer sees `PARKED` (and signals). The `compare_exchange` from `PARKED` to `AWAKE`
 //! makes exactly one of several producers send the signal for one park.
 //!
@@ -40,7 +40,7 @@ impl Doorbell {
     pub(crate) fn arm(&self) {
         self.state.store(PARKED, Ordering::Relaxed);
         // Orders the store before the caller's ring checks, against the producer's
-        // head store and doorbell load.
+        // stamp store and doorbell load.
         fence(Ordering::SeqCst);
     }
 
@@ -59,7 +59,7 @@ impl Doorbell {
     /// A producer has published a record in one of the owner's rings: returns whether it must
     /// signal the owner (which happens at most once per [`arm`](Self::arm)).
     pub(crate) fn should_signal(&self) -> bool {
-        // Orders the caller's head store before the state load, against the owner's arm.
+        // Orders the caller's stamp store before the state load, against the owner's arm.
         fence(Ordering::SeqCst);
         self.state.load(Ordering::Relaxed) == PARKED
             && self

@@ -88,7 +88,7 @@ impl Inbound {
     pub(crate) fn new(own: &Segment, sender: u32) -> Option<Inbound> {
         let (control, _) = own.ring(sender)?;
         Some(Inbound {
-            consumer: RingConsumer::new(control, own.geometry()),
+            consumer: RingConsumer::new(control, own.geometry(), own.ring_key(sender)),
             stream: Stream {
                 sender,
                 arena: SmallCopies::default(),
@@ -129,7 +129,7 @@ impl Inbound {
             && !self.stream.broken
             && own
                 .ring(self.stream.sender)
-                .is_some_and(|(control, _)| self.consumer.has_records(control))
+                .is_some_and(|(_, data)| self.consumer.has_records(&data))
     }
 
     /// Reads up to `budget` records, stopping early once [`READ_BYTES`] of payload are
@@ -160,7 +160,7 @@ impl Inbound {
             && !stream.said_bye
             && !stream.broken
         {
-            let popped = self.consumer.pop(control, &data, |kind, body| {
+            let popped = self.consumer.pop(&data, |kind, body| {
                 stream.handle(kind, body, into, out, effects)
             });
             match popped {
@@ -203,7 +203,7 @@ impl Inbound {
         let Some((control, data)) = own.ring(self.stream.sender) else {
             return (None, false);
         };
-        let popped = self.consumer.pop_if(control, &data, |kind, body| {
+        let popped = self.consumer.pop_if(&data, |kind, body| {
             if kind != record::FRAME {
                 return None;
             }

@@ -77,7 +77,7 @@ impl Outbound {
         let (control, _) = peer.ring(me)?;
         let geometry = peer.geometry();
         Some(Outbound {
-            producer: RingProducer::new(control, geometry),
+            producer: RingProducer::new(control, geometry, peer.ring_key(me)),
             queue: VecDeque::new(),
             held: FxHashMap::default(),
             next_token: 0,
@@ -87,6 +87,12 @@ impl Outbound {
             counts: SendCounts::default(),
             blocked: false,
         })
+    }
+
+    /// The ring's producer, for tests that break the ring's rules.
+    #[cfg(test)]
+    pub(crate) fn producer_mut(&mut self) -> &mut RingProducer {
+        &mut self.producer
     }
 
     /// Whether records wait for space.

@@ -5,17 +5,32 @@
 //! a power of two and a multiple of the alignment `unit` (64 bytes, one cache line, in the
 //! transport; smaller in the loom models).
 //!
-//! * **Records.** Each record starts on a `unit` boundary with an 8-byte header (body length as
-//!   a little-endian `u32`, a kind byte, three reserved bytes) followed by its body. A record
-//!   never wraps: when the next one does not fit before the end of the data area, the producer
-//!   fills the rest with a [`PAD`] record and starts again at offset 0.
-//! * **Positions.** `head` (bytes published by the producer) and `tail` (bytes released by the
+//! * **Records.** Each record starts on a `unit` boundary with a 16-byte header — its *stamp*
+//!   (a `u64`, below), then the body length as a little-endian `u32`, a kind byte and three
+//!   reserved bytes — followed by its body. A record never wraps: when the next one does not
+//!   fit before the end of the data area, the producer fills the rest with a [`PAD`] record and
+//!   starts again at offset 0.
+//! * **Positions.** `head` (bytes written by the producer) and `tail` (bytes released by the
 //!   consumer) count up forever as `u64`s; the offset in the data area is the count modulo the
 //!   capacity. The producer owns `head`, the consumer owns `tail`, each in its own cache line.
-//! * **Publication.** The producer writes a record's bytes, then stores `head` with `Release`;
-//!   the consumer loads `head` with `Acquire` before reading the bytes. In reverse, the consumer
-//!   stores `tail` with `Release` once it has copied records out, and the producer loads it
-//!   with `Acquire` before overwriting them. So no byte is ever read and written at once.
+//! * **Publication, in band.** The producer writes a record's length, kind and body, then
+//!   stores its stamp with `Release`; the consumer loads the word at its read position with
+//!   `Acquire` and reads the record only if it holds the stamp that position should have. So a
+//!   waiting consumer watches the very cache line the next record arrives in, and a small
+//!   record reaches it in one cache-line transfer — watching `head` instead costs two in a row
+//!   (`head`'s line, then the record's), which measured 1.3–1.9× the time of one on this
+//!   machine. (Open MPI's and MPICH's shared-memory "fast boxes" flag their messages in band
+//!   for the same reason.) `head` is still stored after each record, where nobody waits on it,
+//!   for the rare readers that want everything published at once ([`RingConsumer::discard_all`]).
+//!   In reverse, the consumer stores `tail` with `Release` once it has copied records out, and
+//!   the producer loads it with `Acquire` before overwriting them. So no byte is ever read and
+//!   written at once.
+//! * **Stamps.** The word at a read position holds, until the next record is published there,
+//!   whatever the previous lap left: an old record's stamp or payload bytes. A stamp is the
+//!   position XOR the ring's [`RingKey`] — random per ring, with the top bit set — so an old
+//!   stamp (another position) never matches, the zeros of a fresh segment never match, and
+//!   payload bytes match only by a 2⁻⁶⁴ accident: the consumer never clears anything, and
+//!   writes nothing into the data area.
 //! * **Back-pressure.** A producer that finds the ring full sets `want_space`, issues a
 //!   `SeqCst` fence and looks at `tail` again ([`RingProducer::request_space`]); a consumer that
 //!   releases space stores `tail`, fences, and looks at `want_space`
@@ -33,17 +48,39 @@
 use crate::sync::SharedBytes;
 use crate::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
 
-/// Bytes of a record header: body length (`u32`), kind (`u8`), three reserved bytes.
-pub(crate) const RECORD_HEADER: usize = 8;
+/// Bytes of a record header: stamp (`u64`), body length (`u32`), kind (`u8`), three reserved
+/// bytes.
+pub(crate) const RECORD_HEADER: usize = 16;
+
+/// Bytes of the stamp at the start of a record header.
+const STAMP: usize = 8;
+
+/// What makes one ring's stamps its own (see the [module docs](self)): the stamp of the record
+/// at position `p` is `p ^ key`. Both ends derive it from the receiving segment's random nonce
+/// and the sender's rank.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct RingKey(u64);
+
+impl RingKey {
+    /// The key of the ring from `sender` in the segment whose nonce is `nonce`.
+    pub(crate) fn new(nonce: u64, sender: u32) -> RingKey {
+        // The top bit keeps every stamp non-zero (positions stay below 2^63).
+        RingKey((nonce ^ u64::from(sender).wrapping_mul(0x9E37_79B9_7F4A_7C15)) | 1 << 63)
+    }
+
+    fn stamp(self, position: u64) -> u64 {
+        position ^ self.0
+    }
+}
 
 /// The kind of the filler record at the end of the data area; never handed to the consumer.
 pub(crate) const PAD: u8 = 0;
 
-/// The producer's cache line: what it publishes, and its request for space.
+/// The producer's cache line: how far it has written. Stored after every record but read
+/// only rarely, so it stays in the producer's cache.
 #[repr(C, align(64))]
 struct ProducerLine {
     head: AtomicU64,
-    want_space: AtomicU32,
 }
 
 /// The consumer's cache line.
@@ -52,12 +89,21 @@ struct ConsumerLine {
     tail: AtomicU64,
 }
 
-/// The control block of one ring (two cache lines). All zeros is a fresh, empty ring, so a
+/// The producer's request for space, which the consumer reads after every release: in a line
+/// of its own, which changes only when the ring fills (beside `head` it would cost the
+/// consumer a cache miss per record).
+#[repr(C, align(64))]
+struct RequestLine {
+    want_space: AtomicU32,
+}
+
+/// The control block of one ring (three cache lines). All zeros is a fresh, empty ring, so a
 /// freshly created (zero-filled) shared-memory segment holds valid rings.
 #[repr(C)]
 pub(crate) struct RingControl {
     producer: ProducerLine,
     consumer: ConsumerLine,
+    request: RequestLine,
 }
 
 impl RingControl {
@@ -66,23 +112,33 @@ impl RingControl {
         RingControl {
             producer: ProducerLine {
                 head: AtomicU64::new(0),
-                want_space: AtomicU32::new(0),
             },
             consumer: ConsumerLine {
                 tail: AtomicU64::new(0),
             },
+            request: RequestLine {
+                want_space: AtomicU32::new(0),
+            },
         }
     }
 
-    /// Whether the consumer has records it has not read (a cheap look, one load).
-    pub(crate) fn has_records(&self, tail: u64) -> bool {
-        self.producer.head.load(Ordering::Acquire) != tail
-    }
-
     /// Whether records were published that the consumer has not released yet (read or not):
-    /// a look from anywhere, without the consumer's private state.
-    pub(crate) fn has_unreleased(&self) -> bool {
-        self.producer.head.load(Ordering::Acquire) != self.consumer.tail.load(Ordering::Relaxed)
+    /// a look from anywhere, without the consumer's private state, at the word where the first
+    /// unreleased record is or the next one will be. Never a false "no": if the consumer
+    /// released more meanwhile (so the word looked at may have been reused), the answer is yes.
+    pub(crate) fn has_unreleased(
+        &self,
+        data: &SharedBytes,
+        geometry: RingGeometry,
+        key: RingKey,
+    ) -> bool {
+        let tail = self.consumer.tail.load(Ordering::Acquire);
+        // SAFETY: the offset is unit-aligned, so 8-aligned and in bounds. While `tail` is the
+        // release position the word is written only atomically (a stamp); if the consumer
+        // released more meanwhile, the producer may be reusing it, and the tail check below
+        // discards whatever was read.
+        let word = unsafe { data.load_word(geometry.offset(tail), Ordering::Acquire) };
+        word == key.stamp(tail) || self.consumer.tail.load(Ordering::Acquire) != tail
     }
 }
 
@@ -144,6 +200,7 @@ pub(crate) enum Pushed {
 #[derive(Debug)]
 pub(crate) struct RingProducer {
     geometry: RingGeometry,
+    key: RingKey,
     head: u64,
     /// The last `tail` read from the consumer: free space is at least `capacity - (head - it)`.
     tail_seen: u64,
@@ -151,9 +208,10 @@ pub(crate) struct RingProducer {
 
 impl RingProducer {
     /// The producer of the ring `control` (which it continues where it stands).
-    pub(crate) fn new(control: &RingControl, geometry: RingGeometry) -> RingProducer {
+    pub(crate) fn new(control: &RingControl, geometry: RingGeometry, key: RingKey) -> RingProducer {
         RingProducer {
             geometry,
+            key,
             head: control.producer.head.load(Ordering::Relaxed),
             tail_seen: control.consumer.tail.load(Ordering::Acquire),
         }
@@ -206,19 +264,24 @@ impl RingProducer {
         let to_end = self.geometry.capacity - at;
         if self.geometry.footprint(body) > to_end {
             // SAFETY: [at, capacity) is free space (has_room counted it): the consumer does not
-            // read it until `head` covers it.
-            unsafe { data.write(at, &header(to_end - RECORD_HEADER, PAD)) };
+            // read it until its stamp is there, and `at` is unit-aligned.
+            unsafe {
+                data.write(at + STAMP, &length_and_kind(to_end - RECORD_HEADER, PAD));
+                data.store_word(at, self.key.stamp(self.head), Ordering::Release);
+            }
             self.head += to_end as u64;
             at = 0;
         }
-        // SAFETY: as above, [at, at + footprint) is free space and in bounds.
+        // SAFETY: as above, [at, at + footprint) is free space and in bounds; the stamp goes
+        // last, publishing what was written before it.
         unsafe {
-            data.write(at, &header(body, kind));
+            data.write(at + STAMP, &length_and_kind(body, kind));
             let mut pos = at + RECORD_HEADER;
             for part in parts {
                 data.write(pos, part);
                 pos += part.len();
             }
+            data.store_word(at, self.key.stamp(self.head), Ordering::Release);
         }
         self.head += self.geometry.footprint(body) as u64;
         control.producer.head.store(self.head, Ordering::Release);
@@ -235,12 +298,26 @@ impl RingProducer {
     /// once more. Returns whether a record with a `body`-byte body fits now (if not, the
     /// consumer will see the request and signal).
     pub(crate) fn request_space(&mut self, control: &RingControl, body: usize) -> bool {
-        control.producer.want_space.store(1, Ordering::Relaxed);
+        control.request.want_space.store(1, Ordering::Relaxed);
         // Orders the request before the tail load, against the consumer's tail store and
         // want_space load (see the module docs).
         fence(Ordering::SeqCst);
         self.tail_seen = control.consumer.tail.load(Ordering::Acquire);
         self.has_room(self.needed(body))
+    }
+}
+
+#[cfg(test)]
+impl RingProducer {
+    /// Publishes, as a producer that breaks the rules might, a record header whose body runs
+    /// past the end of the data area.
+    pub(crate) fn push_corrupt(&mut self, data: &SharedBytes) {
+        let at = self.geometry.offset(self.head);
+        // SAFETY: test use; `at` is unit-aligned and in bounds.
+        unsafe {
+            data.write(at + STAMP, &length_and_kind(self.geometry.capacity, 1));
+            data.store_word(at, self.key.stamp(self.head), Ordering::Release);
+        }
     }
 }
 
@@ -260,39 +337,45 @@ pub(crate) enum Popped<R> {
 #[derive(Debug)]
 pub(crate) struct RingConsumer {
     geometry: RingGeometry,
+    key: RingKey,
     tail: u64,
-    /// The last `head` read: records up to it are readable.
-    head_seen: u64,
     /// `tail` as last published.
     released: u64,
 }
 
 impl RingConsumer {
     /// The consumer of the ring `control`.
-    pub(crate) fn new(control: &RingControl, geometry: RingGeometry) -> RingConsumer {
+    pub(crate) fn new(control: &RingControl, geometry: RingGeometry, key: RingKey) -> RingConsumer {
         let tail = control.consumer.tail.load(Ordering::Relaxed);
         RingConsumer {
             geometry,
+            key,
             tail,
-            head_seen: tail,
             released: tail,
         }
     }
 
-    /// Whether records are waiting (one load when there are none).
-    pub(crate) fn has_records(&self, control: &RingControl) -> bool {
-        self.tail != self.head_seen || control.has_records(self.tail)
+    /// Whether a record is waiting (one load).
+    pub(crate) fn has_records(&self, data: &SharedBytes) -> bool {
+        self.is_published(data, self.geometry.offset(self.tail))
+    }
+
+    /// Whether the record at the read position, offset `at`, has been published.
+    fn is_published(&self, data: &SharedBytes, at: usize) -> bool {
+        // SAFETY: `at` is the unit-aligned offset of the read position: 8-aligned and in
+        // bounds. The word there is written only atomically (a stamp) while it is the read
+        // position.
+        unsafe { data.load_word(at, Ordering::Acquire) == self.key.stamp(self.tail) }
     }
 
     /// Reads the next record and calls `f(kind, body)` with it. The record's space is not
     /// handed back until [`release`](Self::release).
     pub(crate) fn pop<R>(
         &mut self,
-        control: &RingControl,
         data: &SharedBytes,
         f: impl FnOnce(u8, &[u8]) -> R,
     ) -> Popped<R> {
-        self.read_next(control, data, |kind, body| (f(kind, body), true))
+        self.read_next(data, |kind, body| (f(kind, body), true))
     }
 
     /// Like [`pop`](Self::pop), but the record is consumed only if `f` returns `Some`;
@@ -300,11 +383,10 @@ impl RingConsumer {
     /// way: it carries nothing.
     pub(crate) fn pop_if<R>(
         &mut self,
-        control: &RingControl,
         data: &SharedBytes,
         f: impl FnOnce(u8, &[u8]) -> Option<R>,
     ) -> Popped<Option<R>> {
-        self.read_next(control, data, |kind, body| {
+        self.read_next(data, |kind, body| {
             let r = f(kind, body);
             let consumed = r.is_some();
             (r, consumed)
@@ -316,31 +398,23 @@ impl RingConsumer {
     #[inline(always)]
     fn read_next<R>(
         &mut self,
-        control: &RingControl,
         data: &SharedBytes,
         f: impl FnOnce(u8, &[u8]) -> (R, bool),
     ) -> Popped<R> {
         loop {
-            if self.tail == self.head_seen {
-                self.head_seen = control.producer.head.load(Ordering::Acquire);
-                if self.tail == self.head_seen {
-                    return Popped::Empty;
-                }
-            }
-            let available = self.head_seen.wrapping_sub(self.tail);
             let at = self.geometry.offset(self.tail);
-            let to_end = self.geometry.capacity - at;
-            if available > self.geometry.capacity as u64 || (available as usize) < RECORD_HEADER {
-                return Popped::Corrupt;
+            if !self.is_published(data, at) {
+                return Popped::Empty;
             }
-            let mut head = [0u8; RECORD_HEADER];
-            // SAFETY: [at, at + 8) is in bounds (at is unit-aligned, unit >= 8) and published
-            // (available >= 8): the producer does not write it until we release it.
-            unsafe { data.with_slice(at, RECORD_HEADER, |b| head.copy_from_slice(b)) };
+            let to_end = self.geometry.capacity - at;
+            let mut head = [0u8; RECORD_HEADER - STAMP];
+            // SAFETY: [at, at + 16) is in bounds (at is unit-aligned, unit >= 16) and published
+            // (its stamp is there): the producer does not write it until we release it.
+            unsafe { data.with_slice(at + STAMP, head.len(), |b| head.copy_from_slice(b)) };
             let body = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
             let kind = head[4];
             let footprint = self.geometry.footprint(body);
-            if footprint > to_end || footprint as u64 > available {
+            if footprint > to_end || (kind != PAD && body > self.geometry.max_body()) {
                 return Popped::Corrupt;
             }
             if kind == PAD {
@@ -360,12 +434,19 @@ impl RingConsumer {
         }
     }
 
-    /// Gives up on the ring: everything published so far counts as read and is released, so
+    /// Gives up on the ring: everything written so far counts as read and is released, so
     /// the ring no longer looks unread (its sender said goodbye or broke the rules).
     /// Returns what [`release`](Self::release) returns.
     pub(crate) fn discard_all(&mut self, control: &RingControl) -> bool {
-        self.head_seen = control.producer.head.load(Ordering::Acquire);
-        self.tail = self.head_seen;
+        let head = control.producer.head.load(Ordering::Acquire);
+        // A head from the other process that is behind, or more than a ring ahead, is not
+        // trusted: nothing is skipped then.
+        if head
+            .checked_sub(self.tail)
+            .is_some_and(|n| n <= self.geometry.capacity as u64)
+        {
+            self.tail = head;
+        }
         self.release(control)
     }
 
@@ -380,12 +461,13 @@ impl RingConsumer {
         // Orders the tail store before the want_space load, against the producer's
         // request_space (see the module docs).
         fence(Ordering::SeqCst);
-        control.producer.want_space.load(Ordering::Relaxed) != 0
-            && control.producer.want_space.swap(0, Ordering::Relaxed) != 0
+        control.request.want_space.load(Ordering::Relaxed) != 0
+            && control.request.want_space.swap(0, Ordering::Relaxed) != 0
     }
 }
 
-fn header(body: usize, kind: u8) -> [u8; RECORD_HEADER] {
+/// The part of a record header after the stamp.
+fn length_and_kind(body: usize, kind: u8) -> [u8; RECORD_HEADER - STAMP] {
     // body <= max_body < capacity, which fits u32 (RingGeometry::is_valid).
     let len = (body as u32).to_le_bytes();
     [len[0], len[1], len[2], len[3], kind, 0, 0, 0]
@@ -400,6 +482,8 @@ mod tests {
         data: SharedBytes,
         _buf: Vec<u64>,
     }
+
+    const KEY: RingKey = RingKey(1 << 63 | 0x5EED);
 
     fn ring(capacity: usize, unit: usize) -> (Ring, RingGeometry) {
         let mut buf = vec![0u64; capacity / 8];
@@ -419,14 +503,14 @@ mod tests {
     }
 
     fn pop(c: &mut RingConsumer, r: &Ring) -> Popped<(u8, Vec<u8>)> {
-        c.pop(&r.control, &r.data, |k, b| (k, b.to_vec()))
+        c.pop(&r.data, |k, b| (k, b.to_vec()))
     }
 
     #[test]
     fn records_come_out_in_order_across_wraps() {
         let (r, g) = ring(1024, 64);
-        let mut p = RingProducer::new(&r.control, g);
-        let mut c = RingConsumer::new(&r.control, g);
+        let mut p = RingProducer::new(&r.control, g, KEY);
+        let mut c = RingConsumer::new(&r.control, g, KEY);
         let mut expected = std::collections::VecDeque::new();
         for i in 0..2000usize {
             let body: Vec<u8> = (0..(i * 37) % (g.max_body() + 1))
@@ -459,8 +543,8 @@ mod tests {
     #[test]
     fn full_ring_requests_space_and_release_reports_it() {
         let (r, g) = ring(256, 64);
-        let mut p = RingProducer::new(&r.control, g);
-        let mut c = RingConsumer::new(&r.control, g);
+        let mut p = RingProducer::new(&r.control, g, KEY);
+        let mut c = RingConsumer::new(&r.control, g, KEY);
         let mut n = 0;
         while p.try_push(&r.control, &r.data, 1, &[&[7u8; 40]]) == Pushed::Done {
             n += 1;
@@ -479,38 +563,35 @@ mod tests {
     #[test]
     fn a_record_declined_by_pop_if_stays_first_across_a_wrap() {
         let (r, g) = ring(256, 16);
-        let mut p = RingProducer::new(&r.control, g);
-        let mut c = RingConsumer::new(&r.control, g);
-        // Thirteen 16-byte records, read and released: 48 bytes are left before the end, so
+        let mut p = RingProducer::new(&r.control, g, KEY);
+        let mut c = RingConsumer::new(&r.control, g, KEY);
+        // Seven 32-byte records, read and released: 32 bytes are left before the end, so
         // the next record of 64 goes after a pad at the start.
-        for _ in 0..13 {
+        for _ in 0..7 {
             assert_eq!(p.try_push(&r.control, &r.data, 1, &[b"x"]), Pushed::Done);
             assert!(matches!(pop(&mut c, &r), Popped::Record(_)));
             c.release(&r.control);
         }
         assert_eq!(
-            p.try_push(&r.control, &r.data, 2, &[&[5u8; 56]]),
+            p.try_push(&r.control, &r.data, 2, &[&[5u8; 40]]),
             Pushed::Done
         );
-        let declined = c.pop_if(&r.control, &r.data, |k, b| {
-            assert_eq!((k, b.len()), (2, 56));
+        let declined = c.pop_if(&r.data, |k, b| {
+            assert_eq!((k, b.len()), (2, 40));
             None::<()>
         });
         assert_eq!(declined, Popped::Record(None));
         assert_eq!(
-            c.pop_if(&r.control, &r.data, |k, b| Some((k, b.len()))),
-            Popped::Record(Some((2, 56)))
+            c.pop_if(&r.data, |k, b| Some((k, b.len()))),
+            Popped::Record(Some((2, 40)))
         );
-        assert_eq!(
-            c.pop_if(&r.control, &r.data, |_, _| Some(())),
-            Popped::Empty
-        );
+        assert_eq!(c.pop_if(&r.data, |_, _| Some(())), Popped::Empty);
     }
 
     #[test]
     fn oversized_and_pad_kind_are_refused() {
         let (r, g) = ring(256, 64);
-        let mut p = RingProducer::new(&r.control, g);
+        let mut p = RingProducer::new(&r.control, g, KEY);
         let big = vec![0u8; g.max_body() + 1];
         assert_eq!(
             p.try_push(&r.control, &r.data, 1, &[&big]),
@@ -522,7 +603,7 @@ mod tests {
     #[test]
     fn a_tail_beyond_the_head_means_no_room_not_a_panic() {
         let (r, g) = ring(256, 64);
-        let mut p = RingProducer::new(&r.control, g);
+        let mut p = RingProducer::new(&r.control, g, KEY);
         while p.try_push(&r.control, &r.data, 1, &[b"x"]) == Pushed::Done {}
         // The producer looks at the tail only when its cached one shows no room.
         r.control.consumer.tail.store(1 << 40, Ordering::Release);
@@ -530,18 +611,77 @@ mod tests {
         assert!(!p.request_space(&r.control, 1));
     }
 
+    /// Publishes a record header at offset `at` for position `position`, as a producer that
+    /// breaks the rules might.
+    fn forge(r: &Ring, at: usize, position: u64, body: usize, kind: u8) {
+        // SAFETY: nobody else uses the ring; `at` is unit-aligned.
+        unsafe {
+            r.data.write(at + STAMP, &length_and_kind(body, kind));
+            r.data
+                .store_word(at, KEY.stamp(position), Ordering::Release);
+        }
+    }
+
     #[test]
     fn corrupt_records_are_reported_not_trusted() {
         let (r, g) = ring(256, 64);
-        let mut c = RingConsumer::new(&r.control, g);
-        // A header claiming a body longer than what was published.
+        // A body running past the end of the data area.
+        let mut c = RingConsumer::new(&r.control, g, KEY);
+        forge(&r, 0, 0, 300, 3);
+        assert_eq!(pop(&mut c, &r), Popped::Corrupt);
+        // A body longer than any producer may push, though it would fit.
+        let mut c = RingConsumer::new(&r.control, g, KEY);
+        forge(&r, 0, 0, g.max_body() + 1, 3);
+        assert_eq!(pop(&mut c, &r), Popped::Corrupt);
+        // A filler that does not reach the end.
+        let mut c = RingConsumer::new(&r.control, g, KEY);
+        forge(&r, 0, 0, 10, PAD);
+        assert_eq!(pop(&mut c, &r), Popped::Corrupt);
+    }
+
+    #[test]
+    fn only_the_stamp_of_the_read_position_publishes_a_record() {
+        let (r, g) = ring(256, 64);
+        let mut p = RingProducer::new(&r.control, g, KEY);
+        let mut c = RingConsumer::new(&r.control, g, KEY);
+        // A fresh (zeroed) ring has nothing.
+        assert!(!c.has_records(&r.data));
+        assert!(!r.control.has_unreleased(&r.data, g, KEY));
+        // A lap later, the old record's stamp at the same offset is not the new one's.
+        for _ in 0..4 {
+            assert_eq!(p.try_push(&r.control, &r.data, 1, &[b"x"]), Pushed::Done);
+            assert!(r.control.has_unreleased(&r.data, g, KEY));
+            assert!(matches!(pop(&mut c, &r), Popped::Record((1, _))));
+            c.release(&r.control);
+        }
+        assert!(!c.has_records(&r.data));
+        assert!(!r.control.has_unreleased(&r.data, g, KEY));
+        assert_eq!(pop(&mut c, &r), Popped::Empty);
+        // Nor is a stamp made with another ring's key, or payload bytes that look like one.
         // SAFETY: nobody else uses the ring.
-        unsafe { r.data.write(0, &header(200, 3)) };
-        r.control.producer.head.store(64, Ordering::Release);
-        assert_eq!(pop(&mut c, &r), Popped::Corrupt);
-        // A head beyond the capacity.
-        let mut c = RingConsumer::new(&r.control, g);
-        r.control.producer.head.store(10_000, Ordering::Release);
-        assert_eq!(pop(&mut c, &r), Popped::Corrupt);
+        unsafe {
+            r.data
+                .store_word(0, RingKey(1 << 63).stamp(256), Ordering::Release)
+        };
+        assert_eq!(pop(&mut c, &r), Popped::Empty);
+        assert_eq!(p.try_push(&r.control, &r.data, 2, &[b"y"]), Pushed::Done);
+        assert_eq!(pop(&mut c, &r), Popped::Record((2, b"y".to_vec())));
+    }
+
+    #[test]
+    fn discard_all_skips_what_was_written_but_not_a_head_out_of_range() {
+        let (r, g) = ring(256, 64);
+        let mut p = RingProducer::new(&r.control, g, KEY);
+        let mut c = RingConsumer::new(&r.control, g, KEY);
+        for _ in 0..3 {
+            assert_eq!(p.try_push(&r.control, &r.data, 1, &[b"x"]), Pushed::Done);
+        }
+        c.discard_all(&r.control);
+        assert_eq!(pop(&mut c, &r), Popped::Empty);
+        assert!(!r.control.has_unreleased(&r.data, g, KEY));
+        r.control.producer.head.store(1 << 40, Ordering::Release);
+        c.discard_all(&r.control);
+        assert_eq!(p.try_push(&r.control, &r.data, 2, &[b"y"]), Pushed::Done);
+        assert_eq!(pop(&mut c, &r), Popped::Record((2, b"y".to_vec())));
     }
 }

@@ -24,13 +24,13 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use super::doorbell::Doorbell;
-use super::ring::{RingControl, RingGeometry};
+use super::ring::{RingControl, RingGeometry, RingKey};
 use crate::sync::SharedBytes;
 
 /// "rankweav" in ASCII, little-endian.
 const MAGIC: u64 = u64::from_le_bytes(*b"rankweav");
 /// The layout version this module writes and accepts.
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
 const LINE: usize = 64;
 
 /// The first cache line of a segment. Written once by the owner before it publishes the
@@ -349,9 +349,9 @@ impl Segment {
         (0..count).any(|i| {
             let rank = self.sender_slot(i).map_or(0, |s| s.load(Ordering::Acquire));
             rank != 0
-                && self
-                    .ring(rank - 1)
-                    .is_some_and(|(control, _)| control.has_unreleased())
+                && self.ring(rank - 1).is_some_and(|(control, data)| {
+                    control.has_unreleased(&data, self.geometry, self.ring_key(rank - 1))
+                })
         })
     }
 
@@ -421,6 +421,11 @@ impl Segment {
                 (control, data)
             }
         })
+    }
+
+    /// The stamp key of the ring from `sender` (see the ring's docs).
+    pub(crate) fn ring_key(&self, sender: u32) -> RingKey {
+        RingKey::new(self.owner.nonce, sender)
     }
 
     /// The ring geometry.

@@ -274,11 +274,9 @@ async fn malformed_records_are_dropped_and_counted_and_a_corrupt_ring_is_given_u
     let got = payloads(collect(&t[1], &[], 2), 0);
     assert_eq!(got.iter().map(|(s, _)| *s).collect::<Vec<_>>(), [0, 1]);
     assert_eq!(t[1].counters().malformed_dropped, 3);
-    // Now break the ring itself: a head beyond anything written.
-    let (control, _) = peer.segment.ring(0).unwrap();
-    // SAFETY of the test: we only corrupt the shared control block, as a faulty peer would.
-    let head = control as *const ring::RingControl as *const std::sync::atomic::AtomicU64;
-    unsafe { &*head }.store(1 << 40, Ordering::Release);
+    // Now break the ring itself: a record running past the end of the data area.
+    let (_, data) = peer.segment.ring(0).unwrap();
+    peer.out.lock().producer_mut().push_corrupt(&data);
     let got = collect(&t[1], &[], 1);
     assert!(
         matches!(got[..], [Arrival::PeerLost { rank: 0 }]),
