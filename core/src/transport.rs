@@ -6,9 +6,12 @@
 
 use std::task::{Context, Poll};
 
+use bytes::Bytes;
+
 use crate::error::TransportError;
-use crate::frame::{Frame, Header};
+use crate::frame::{Envelope, Frame};
 use crate::stats::TransportStats;
+use crate::types::ContextId;
 
 /// What a transport guarantees and can do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,6 +50,45 @@ pub enum Arrival {
     },
 }
 
+/// The eager message a receive waiting for one sender would take straight from the transport
+/// (see [`Transport::take_eager`]): the next frame from `from`, if it is an eager message of
+/// this description.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EagerWant {
+    /// The sender's world rank.
+    pub from: u32,
+    /// The context the message must be on.
+    pub context: ContextId,
+    /// The tag it must carry, or `None` for any.
+    pub tag: Option<u32>,
+    /// Its sequence number: the next one expected from `from`.
+    pub seq: u64,
+    /// The longest payload the receive takes.
+    pub max_len: usize,
+}
+
+impl EagerWant {
+    /// Whether an eager frame with envelope `envelope` and a payload of `payload_len` bytes is
+    /// the wanted message.
+    #[inline]
+    pub fn accepts(&self, envelope: &Envelope, payload_len: usize) -> bool {
+        envelope.context == self.context
+            && envelope.seq == self.seq
+            && envelope.len == payload_len as u64
+            && payload_len <= self.max_len
+            && self.tag.is_none_or(|tag| tag == envelope.tag)
+    }
+}
+
+/// An eager message a transport handed over in place (see [`Transport::take_eager`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EagerTaken {
+    /// Its tag.
+    pub tag: u32,
+    /// Its payload, copied out of the transport's buffer.
+    pub data: Bytes,
+}
+
 /// Moves frames for one rank.
 ///
 /// Implementations must never block: `send` queues or hands off, `drain` takes what is there.
@@ -81,19 +123,20 @@ pub trait Transport: Send + Sync + 'static {
         true
     }
 
-    /// Offers the next frame from world rank `from` to `take` where the transport holds it (its
-    /// header decoded, its payload borrowed), without draining anything else; the frame is
-    /// consumed only if `take` returns `true`. Returns whether it was.
+    /// Takes the next frame from world rank `want.from` where the transport holds it if it is
+    /// the eager message `want` describes ([`EagerWant::accepts`]), without draining anything
+    /// else; its payload is copied out and the frame consumed. Anything else is left where it
+    /// is, and `None` returned.
     ///
     /// This is the receive side's short cut: a receive waiting for one sender copies its eager
     /// message straight out of the transport's buffer instead of the frame travelling through
-    /// [`drain`](Self::drain), the arrival queue and matching. The frame offered must be the one
-    /// `drain` would deliver next from `from`, so per-sender order holds. A frame that cannot be
-    /// offered in place (one still arriving in pieces, a control record) is left for `drain`.
-    /// The default offers nothing.
-    fn offer_next(&self, from: u32, take: &mut dyn FnMut(&Header, &[u8]) -> bool) -> bool {
-        let _ = (from, take);
-        false
+    /// [`drain`](Self::drain), the arrival queue and matching. The frame looked at must be the
+    /// one `drain` would deliver next from that sender, so per-sender order holds. A frame
+    /// that cannot be looked at in place (one still arriving in pieces, a control record) is
+    /// left for `drain`. The default takes nothing.
+    fn take_eager(&self, want: &EagerWant) -> Option<EagerTaken> {
+        let _ = want;
+        None
     }
 
     /// A poller has started busy-polling this rank: the transport may skip waking the parked

@@ -398,6 +398,22 @@ fn decode_eager_header(buf: &[u8]) -> Option<Result<(Header, u64, usize), Decode
     Some(Ok((Header::Eager(envelope), declared, EAGER_HEADER_LEN)))
 }
 
+/// The envelope and payload of `frame`, an encoded frame, if it is a well-formed Eager frame of
+/// this version whose payload is exactly the bytes after its header; `None` for anything else.
+/// The short path of a transport that looks at eager frames where they lie (see
+/// [`Transport::take_eager`](crate::transport::Transport::take_eager)); the same checks as
+/// [`decode`].
+#[inline]
+pub fn decode_eager(frame: &[u8]) -> Option<(Envelope, &[u8])> {
+    let (header, payload) = frame.split_first_chunk::<EAGER_HEADER_LEN>()?;
+    match decode_eager_header(header)? {
+        Ok((Header::Eager(envelope), declared, _)) if declared == payload.len() as u64 => {
+            Some((envelope, payload))
+        }
+        _ => None,
+    }
+}
+
 /// Decodes one frame that fills `bytes` exactly. The payload is a slice of `bytes` (no copy).
 ///
 /// See the [module docs](self) for the layout and the order of the checks. Never panics.

@@ -14,8 +14,10 @@
 use std::sync::{Arc, RwLock};
 use std::task::{Context, Poll};
 
-use rankweave_core::frame::{Frame, Header};
-use rankweave_core::{Arrival, Capabilities, Transport, TransportError, TransportStats};
+use rankweave_core::frame::Frame;
+use rankweave_core::{
+    Arrival, Capabilities, EagerTaken, EagerWant, Transport, TransportError, TransportStats,
+};
 use rustc_hash::FxHashMap;
 
 use crate::shm::{SegmentDirectory, ShmTransport};
@@ -114,9 +116,9 @@ impl Transport for SplitTransport {
         Ok(a + b)
     }
 
-    fn offer_next(&self, from: u32, take: &mut dyn FnMut(&Header, &[u8]) -> bool) -> bool {
+    fn take_eager(&self, want: &EagerWant) -> Option<EagerTaken> {
         // Only local peers write into this rank's rings; a remote one has nothing there.
-        self.local.offer_next(from, take)
+        self.local.take_eager(want)
     }
 
     fn poll_arrival(&self, cx: &mut Context<'_>) -> Poll<()> {

@@ -5,7 +5,7 @@
 //! Such a receive cannot be overtaken and cannot match anything already here, so the endpoint
 //! keeps it beside the op table and the matcher instead of in them: posting it stores three
 //! words, and when its message is the next frame its sender left in the transport
-//! ([`Endpoint::accept_direct`](super::Endpoint::accept_direct)) nothing has to be looked up,
+//! ([`Endpoint::take_direct`](super::Endpoint::take_direct)) nothing has to be looked up,
 //! matched or removed. The endpoint keeps one invariant: while a lone receive exists, the state
 //! is exactly what it would be with that receive posted in the matcher. So every call that
 //! could change what it matches — another receive, an arrival taken in, a message given back,

@@ -42,7 +42,7 @@ use crate::matching::{
     ArriveOutcome, MatchKey, Matcher, PostOutcome, PostedKey, Selector, Unexpected,
 };
 use crate::stats::Stats;
-use crate::transport::Arrival;
+use crate::transport::{Arrival, EagerTaken, EagerWant};
 use crate::types::ContextId;
 
 use lone::{LoneIds, LoneRecv};
@@ -150,6 +150,23 @@ pub struct EndpointConfig {
     ///
     /// [`Capabilities::by_reference`]: crate::transport::Capabilities::by_reference
     pub rts_with_data: bool,
+}
+
+/// A receive that may take its sender's next eager message straight from the transport
+/// ([`Endpoint::direct_want`]), and where it is kept.
+#[derive(Clone, Copy, Debug)]
+pub struct DirectRecv {
+    /// What the transport must find.
+    pub want: EagerWant,
+    place: DirectPlace,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum DirectPlace {
+    /// Posted alone (`lone.rs`).
+    Lone,
+    /// The one receive in the op table and the matcher.
+    Queued(RecvId, PostedKey),
 }
 
 /// A message the matcher holds until a receive takes it.
@@ -625,30 +642,101 @@ impl Endpoint {
         }
     }
 
-    /// The sender whose next frame receive `id` may take straight from the transport
-    /// ([`accept_direct`](Self::accept_direct)): the receive is waiting, names one sender, and
-    /// is the only receive queued, so no earlier receive has a claim on that sender's next
-    /// message and no queued message matches it.
-    pub fn direct_source(&self, id: RecvId) -> Option<u32> {
-        if let Some(lone) = self.lone {
-            return (lone.id == id).then_some(lone.sel.source).flatten();
-        }
-        if self.matcher.posted_len() != 1 {
+    /// What receive `id` may take straight from the transport ([`take_direct`](Self::take_direct)):
+    /// the next eager message of its one sender, if the receive is waiting, names that sender
+    /// (not lost), and is the only receive queued — so no earlier receive has a claim on that
+    /// sender's next message and no queued message matches it.
+    pub fn direct_want(&self, id: RecvId) -> Option<DirectRecv> {
+        let (sel, max_len, place) = match self.lone {
+            Some(lone) if lone.id == id => (lone.sel, lone.max_len, DirectPlace::Lone),
+            Some(_) => return None,
+            None => {
+                if self.matcher.posted_len() != 1 {
+                    return None;
+                }
+                let op_id = self.lone_ids.op_id(id);
+                let op = self.recvs.get(op_id.0)?;
+                let RecvState::Posted(posted) = op.state else {
+                    return None;
+                };
+                if op.orphaned {
+                    return None;
+                }
+                (op.sel, op.max_len, DirectPlace::Queued(op_id, posted))
+            }
+        };
+        let from = sel.source?;
+        // Frames to self never wait in a transport.
+        if from == self.cfg.rank || from >= self.cfg.size {
             return None;
         }
-        let op = self.recvs.get(self.lone_ids.op_id(id).0)?;
-        match op.state {
-            RecvState::Posted(_) if !op.orphaned => op.sel.source,
-            _ => None,
-        }
+        let seq = match self.peers.get(from as usize).and_then(Option::as_deref) {
+            Some(peer) if peer.lost => return None,
+            Some(peer) => peer.next_recv_seq,
+            None => 0,
+        };
+        let want = EagerWant {
+            from,
+            context: sel.context,
+            tag: sel.tag,
+            seq,
+            max_len: max_len.unwrap_or(usize::MAX),
+        };
+        Some(DirectRecv { want, place })
     }
 
-    /// Offers receive `id` the next frame from world rank `from` where the transport holds it
-    /// (see [`direct_source`](Self::direct_source)). The receive takes it only if it is the
-    /// eager message it matches, in sequence and fitting: the message is then copied out and
-    /// the finished receive's result returned, exactly as if the frame had gone through
-    /// [`handle`](Self::handle) and [`take_matched`](Self::take_matched). Anything else is
-    /// declined (`None`, nothing changed) and must reach [`handle`](Self::handle) as usual.
+    /// Receive `public` took `taken`, the message [`direct_want`](Self::direct_want) described
+    /// as `direct`, straight from the transport: it is finished, exactly as if the frame had
+    /// gone through [`handle`](Self::handle) and [`take_matched`](Self::take_matched). Nothing
+    /// may have changed the endpoint between the two calls (the driver holds its lock).
+    pub fn take_direct(
+        &mut self,
+        public: RecvId,
+        direct: &DirectRecv,
+        taken: EagerTaken,
+    ) -> Matched {
+        let from = direct.want.from;
+        let key = MatchKey {
+            context: direct.want.context,
+            source: from,
+            tag: taken.tag,
+        };
+        let seq = match direct.place {
+            DirectPlace::Lone => {
+                self.lone = None;
+                self.matcher.next_arrival()
+            }
+            DirectPlace::Queued(id, posted) => {
+                let seq = self
+                    .matcher
+                    .arrive_for(posted)
+                    .map_or_else(|| self.matcher.next_arrival(), |(_, seq)| seq);
+                self.recvs.remove(id.0);
+                self.lone_ids.forget(public);
+                seq
+            }
+        };
+        let len = taken.data.len() as u64;
+        // One look-up for both: this is every small message's path.
+        let threshold = self.credit_threshold();
+        let peer = self.peer(from);
+        peer.next_recv_seq += 1;
+        if let Some(bytes) = peer.owe(len + EAGER_OVERHEAD, threshold) {
+            self.send_credit(from, bytes);
+        }
+        self.stats.frames_received += 1;
+        self.stats.bytes_received += len;
+        let received = Received {
+            source: from,
+            tag: taken.tag,
+            data: taken.data,
+        };
+        Matched { received, seq, key }
+    }
+
+    /// [`direct_want`](Self::direct_want) and [`take_direct`](Self::take_direct) for a frame
+    /// held decoded: receive `public` takes the frame from world rank `from` if it is the eager
+    /// message it wants (its payload copied), or declines it (`None`, nothing changed).
     pub fn accept_direct(
         &mut self,
         public: RecvId,
@@ -656,71 +744,20 @@ impl Endpoint {
         header: &Header,
         payload: &[u8],
     ) -> Option<Matched> {
-        let Header::Eager(env) = *header else {
+        let Header::Eager(envelope) = *header else {
             return None;
         };
-        // Frames to self never wait in a transport.
-        if from == self.cfg.rank || from >= self.cfg.size {
+        let direct = self.direct_want(public)?;
+        if direct.want.from != from || !direct.want.accepts(&envelope, payload.len()) {
             return None;
         }
-        // The receive: posted alone, or the one queued in the matcher.
-        let (sel, max_len, queued) = match self.lone {
-            Some(lone) if lone.id == public => (lone.sel, lone.max_len, None),
-            Some(_) => return None,
-            None => {
-                let id = self.lone_ids.op_id(public);
-                let op = self.recvs.get(id.0)?;
-                let RecvState::Posted(posted) = op.state else {
-                    return None;
-                };
-                if op.orphaned {
-                    return None;
-                }
-                (op.sel, op.max_len, Some((id, posted)))
-            }
-        };
-        let key = MatchKey {
-            context: env.context,
-            source: from,
-            tag: env.tag,
-        };
-        let len = payload.len();
-        if env.len != len as u64 || !sel.matches(&key) || max_len.is_some_and(|c| len > c) {
-            return None;
-        }
-        let peer = self.peer(from);
-        if peer.lost || peer.next_recv_seq != env.seq {
-            return None;
-        }
-        let seq = match queued {
-            None => {
-                self.lone = None;
-                self.matcher.next_arrival()
-            }
-            Some((id, posted)) => {
-                let (_, seq) = self.matcher.arrive_for(posted)?;
-                self.recvs.remove(id.0);
-                self.lone_ids.forget(public);
-                seq
-            }
-        };
-        // One look-up for both: this is every small message's path.
-        let threshold = self.credit_threshold();
-        let peer = self.peer(from);
-        peer.next_recv_seq += 1;
-        if let Some(bytes) = peer.owe(len as u64 + EAGER_OVERHEAD, threshold) {
-            self.send_credit(from, bytes);
-        }
-        self.stats.frames_received += 1;
-        self.stats.bytes_received += len as u64;
-        let received = Received {
-            source: from,
-            tag: env.tag,
+        let taken = EagerTaken {
+            tag: envelope.tag,
             // An allocation of its own: making and dropping it touches no reference count (a
             // slice of a shared chunk costs two atomic operations, more than the allocation).
             data: Bytes::copy_from_slice(payload),
         };
-        Some(Matched { received, seq, key })
+        Some(self.take_direct(public, &direct, taken))
     }
 
     /// The application dropped a message it had taken but not read: it goes back to the

@@ -277,7 +277,7 @@ impl Net {
     /// the message if the receive took it (the frame leaves the link), `None` if it was not
     /// offered or was declined (the frame stays first on the link).
     fn offer(&mut self, rank: u32, id: RecvId) -> Option<Msg> {
-        let from = self.ep(rank).direct_source(id)?;
+        let from = self.ep(rank).direct_want(id)?.want.from;
         let frame = self.links.get(&(from, rank))?.front()?.clone();
         let m = self
             .ep(rank)
@@ -1529,14 +1529,14 @@ fn malformed_attached_rts_is_rejected() {
     assert_rejected(&mut net, 1, 1);
 }
 
-// The short cut of a receive waiting for one sender (`direct_source` / `accept_direct`): it takes
+// The short cut of a receive waiting for one sender (`direct_want` / `take_direct`, through `accept_direct`): it takes
 // exactly what matching would have given it, and declines everything else.
 
 #[test]
 fn a_lone_receive_takes_its_eager_message_where_it_lies() {
     let mut net = Net::new(2);
     let r = net.recv(1, Some(0), Some(7), None);
-    assert_eq!(net.ep(1).direct_source(r), Some(0));
+    assert_eq!(net.ep(1).direct_want(r).map(|d| d.want.from), Some(0));
     net.send(0, 1, 7, b"hello");
     let m = net.offer(1, r).expect("taken in place");
     assert_eq!(Some(Ok(m)), ok(0, 7, b"hello"));
@@ -1563,13 +1563,13 @@ fn the_short_cut_declines_what_matching_would_not_give_the_receive() {
     let mut net = Net::new(3);
     // A wildcard receive: no single sender.
     let any = net.recv(1, None, Some(1), None);
-    assert_eq!(net.ep(1).direct_source(any), None);
+    assert_eq!(net.ep(1).direct_want(any).map(|d| d.want.from), None);
     net.cancel(1, any);
     // Another receive is queued: it may have a claim on the same message.
     let a = net.recv(1, Some(0), None, None);
     let b = net.recv(1, Some(0), Some(1), None);
-    assert_eq!(net.ep(1).direct_source(a), None);
-    assert_eq!(net.ep(1).direct_source(b), None);
+    assert_eq!(net.ep(1).direct_want(a).map(|d| d.want.from), None);
+    assert_eq!(net.ep(1).direct_want(b).map(|d| d.want.from), None);
     net.cancel(1, a);
     // Wrong tag, a message too long, a rendezvous request: declined and left in place.
     net.send(0, 1, 2, b"other tag");
@@ -1671,7 +1671,7 @@ fn a_lone_receive_is_taken_in_place_or_joins_when_its_message_is_handled() {
     // Taken straight from the link: nothing was posted in the matcher.
     let r = net.start(1, selector(Some(0), Some(1)), None);
     assert_eq!(net.stats(1).posted_receives, 1);
-    assert_eq!(net.ep(1).direct_source(r), Some(0));
+    assert_eq!(net.ep(1).direct_want(r).map(|d| d.want.from), Some(0));
     assert_eq!(net.take(1, r), None, "still waiting");
     net.send(0, 1, 1, b"in place");
     assert_eq!(
@@ -1697,7 +1697,11 @@ fn receives_started_after_a_lone_one_queue_behind_it() {
     let first = net.start(1, selector(Some(0), None), None);
     // A second receive for the same sender: the lone one joins first, so it keeps its place.
     let second = net.start(1, selector(Some(0), None), None);
-    assert_eq!(net.ep(1).direct_source(first), None, "no longer alone");
+    assert_eq!(
+        net.ep(1).direct_want(first).map(|d| d.want.from),
+        None,
+        "no longer alone"
+    );
     let any = net.start(1, selector(None, None), None);
     net.send(0, 1, 1, b"one");
     net.send(0, 1, 2, b"two");
@@ -1708,7 +1712,7 @@ fn receives_started_after_a_lone_one_queue_behind_it() {
     assert_eq!(net.take(1, any), ok(2, 3, b"three"));
     // A wildcard receive is never posted alone.
     let wild = net.start(1, selector(None, Some(4)), None);
-    assert_eq!(net.ep(1).direct_source(wild), None);
+    assert_eq!(net.ep(1).direct_want(wild).map(|d| d.want.from), None);
     net.cancel(1, wild);
 }
 
@@ -1721,7 +1725,7 @@ fn a_message_given_back_goes_to_the_lone_receive_waiting_for_it() {
     net.run();
     let taken = net.start(1, selector(Some(0), None), None);
     let waiting = net.start(1, selector(Some(0), None), None);
-    assert_eq!(net.ep(1).direct_source(waiting), Some(0));
+    assert_eq!(net.ep(1).direct_want(waiting).map(|d| d.want.from), Some(0));
     net.cancel(1, taken);
     assert_eq!(net.finished(1), vec![Event::RecvDone(waiting)]);
     assert_eq!(net.take(1, waiting), ok(0, 1, b"first"));

@@ -299,9 +299,9 @@ impl Driver {
     /// The result of receive `id` once it finished, or `None` while it waits.
     ///
     /// A receive waiting for one sender first takes that sender's next frame straight from the
-    /// transport if it is the eager message it wants ([`Transport::offer_next`],
-    /// [`Endpoint::accept_direct`]): the common small message skips the arrival queue,
-    /// matching and completion events. Anything else is left for the pump.
+    /// transport if it is the eager message it wants ([`Endpoint::direct_want`],
+    /// [`Transport::take_eager`], [`Endpoint::take_direct`]): the common small message skips
+    /// the arrival queue, matching and completion events. Anything else is left for the pump.
     pub(crate) fn take_recv(
         &self,
         st: &mut DriverState,
@@ -310,14 +310,9 @@ impl Driver {
         if let Some(r) = st.endpoint.take_recv(id) {
             return Some(r);
         }
-        let from = st.endpoint.direct_source(id)?;
-        let mut taken = None;
-        let endpoint = &mut st.endpoint;
-        self.transport.offer_next(from, &mut |header, payload| {
-            taken = endpoint.accept_direct(id, from, header, payload);
-            taken.is_some()
-        });
-        let m = taken?;
+        let direct = st.endpoint.direct_want(id)?;
+        let taken = self.transport.take_eager(&direct.want)?;
+        let m = st.endpoint.take_direct(id, &direct, taken);
         if !st.wakers.is_empty() {
             // It parked once; no completion event will come to take its waker away.
             st.unpark(Waiting::Recv(id));

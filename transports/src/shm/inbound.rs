@@ -11,7 +11,7 @@
 
 use bytes::Bytes;
 use rankweave_core::frame::{Frame, Header};
-use rankweave_core::{Arrival, wire};
+use rankweave_core::{Arrival, EagerTaken, EagerWant, wire};
 
 use std::sync::Arc;
 
@@ -186,17 +186,17 @@ impl Inbound {
         outcome
     }
 
-    /// Offers the next record to `take` if it is an inline frame (header decoded where it
-    /// lies, payload borrowed from the ring) and consumes it if `take` accepts: the short cut
-    /// of a receive waiting for this sender (see `Transport::offer_next`). Anything else —
-    /// an empty ring, another kind of record, a frame that does not decode — is left for
-    /// [`read`](Self::read), which handles and counts it. Returns the payload bytes taken, and
+    /// Takes the next record if it is an inline frame holding the eager message `want`
+    /// describes (envelope decoded where it lies, payload copied out): the short cut of a
+    /// receive waiting for this sender (see `Transport::take_eager`). Anything else — an empty
+    /// ring, another kind of record, a frame that does not decode or is another message — is
+    /// left for [`read`](Self::read), which handles and counts it. Returns the message, and
     /// whether the producer waits for space (and must be signalled).
-    pub(crate) fn offer_frame(
+    pub(crate) fn take_eager(
         &mut self,
         own: &Segment,
-        take: impl FnOnce(&Header, &[u8]) -> bool,
-    ) -> (Option<usize>, bool) {
+        want: &EagerWant,
+    ) -> (Option<EagerTaken>, bool) {
         if self.stream.said_bye || self.stream.broken {
             return (None, false);
         }
@@ -207,11 +207,16 @@ impl Inbound {
             if kind != record::FRAME {
                 return None;
             }
-            let (h, payload) = inline_frame(body)?;
-            take(&h, payload).then_some(payload.len())
+            let (envelope, payload) = wire::decode_eager(body)?;
+            want.accepts(&envelope, payload.len()).then(|| EagerTaken {
+                tag: envelope.tag,
+                // An allocation of its own: making and dropping it touches no reference count
+                // (a slice of a shared chunk costs two atomic operations, more than that).
+                data: Bytes::copy_from_slice(payload),
+            })
         });
         match popped {
-            Popped::Record(Some(n)) => (Some(n), self.consumer.release(control)),
+            Popped::Record(Some(taken)) => (Some(taken), self.consumer.release(control)),
             Popped::Record(None) | Popped::Empty | Popped::Corrupt => (None, false),
         }
     }

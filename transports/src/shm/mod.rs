@@ -35,10 +35,10 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use rankweave_core::frame::{Frame, Header};
+use rankweave_core::frame::Frame;
 use rankweave_core::{
-    Arrival, Capabilities, Communicator, Config, Error, ShmConfig, ShmCounters, Transport,
-    TransportError, TransportStats,
+    Arrival, Capabilities, Communicator, Config, EagerTaken, EagerWant, Error, ShmConfig,
+    ShmCounters, Transport, TransportError, TransportStats,
 };
 use rustc_hash::FxHashMap;
 use tokio::io::Interest;
@@ -299,8 +299,8 @@ impl Transport for ShmTransport {
         self.rank.drain(out)
     }
 
-    fn offer_next(&self, from: u32, take: &mut dyn FnMut(&Header, &[u8]) -> bool) -> bool {
-        self.rank.offer_next(from, take)
+    fn take_eager(&self, want: &EagerWant) -> Option<EagerTaken> {
+        self.rank.take_eager(want)
     }
 
     fn poll_arrival(&self, cx: &mut Context<'_>) -> Poll<()> {
@@ -894,32 +894,28 @@ impl Transport for ShmRank {
         Ok(n)
     }
 
-    fn offer_next(&self, from: u32, take: &mut dyn FnMut(&Header, &[u8]) -> bool) -> bool {
+    fn take_eager(&self, want: &EagerWant) -> Option<EagerTaken> {
         if self.closed.load(Ordering::Acquire) {
-            return false;
+            return None;
         }
-        let Some(mut inbound) = self.inbound.try_lock() else {
-            // Another thread is reading; it delivers what is there.
-            return false;
-        };
+        // Another thread reading the rings delivers what is there.
+        let mut inbound = self.inbound.try_lock()?;
         if self.own.has_senders_beyond(inbound.known) {
             self.add_senders(&mut inbound);
         }
-        let Some(ring) = inbound.rings.iter_mut().find(|r| r.sender() == from) else {
-            return false;
-        };
-        let (taken, producer_waits) = ring.offer_frame(&self.own, take);
-        if let Some(n) = taken {
+        let ring = inbound.rings.iter_mut().find(|r| r.sender() == want.from)?;
+        let (taken, producer_waits) = ring.take_eager(&self.own, want);
+        if let Some(t) = &taken {
             inbound.frames_received += 1;
-            inbound.bytes_received += n as u64;
+            inbound.bytes_received += t.data.len() as u64;
         }
         drop(inbound);
         if producer_waits {
-            if let Some(peer) = self.peer_if_connected(from) {
+            if let Some(peer) = self.peer_if_connected(want.from) {
                 self.nudge(peer);
             }
         }
-        taken.is_some()
+        taken
     }
 
     fn poll_arrival(&self, cx: &mut Context<'_>) -> Poll<()> {

@@ -1,6 +1,7 @@
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use rankweave_core::ContextId;
 use rankweave_core::frame::Header;
 
 use super::*;
@@ -363,30 +364,46 @@ async fn a_busy_poller_that_finishes_without_parking_leaves_the_rank_wakeable() 
 }
 
 #[tokio::test]
-async fn a_frame_offered_in_place_is_taken_or_left_for_drain_in_order() {
+async fn an_eager_frame_is_taken_in_place_only_if_wanted_and_the_rest_left_for_drain_in_order() {
     let t = job(3, settings(64 * 1024, true));
+    let want = |seq: u64| EagerWant {
+        from: 0,
+        context: ContextId(2),
+        tag: Some(9),
+        seq,
+        max_len: usize::MAX,
+    };
     // Nothing there yet (and no ring from that sender known).
-    assert!(!t[1].offer_next(0, &mut |_, _| panic!("nothing to offer")));
+    assert_eq!(t[1].take_eager(&want(0)), None);
     for seq in 0..10u64 {
         t[0].send(1, eager(seq, pattern(100, seq))).unwrap();
         t[2].send(1, eager(seq, pattern(10, seq))).unwrap();
     }
-    // Offers `seq`'s frame from rank 0, taking it or not; checks what was offered.
-    let offer = |expected: u64, take: bool| {
-        let mut seen = None;
-        let took = t[1].offer_next(0, &mut |h, payload| {
-            seen = Some((*h, payload.to_vec()));
-            take
-        });
-        let (h, payload) = seen.expect("a frame from rank 0 is waiting");
-        assert!(matches!(h, Header::Eager(e) if e.seq == expected), "{h:?}");
-        assert_eq!(payload, pattern(100, expected));
-        took
+    assert_eq!(
+        t[1].take_eager(&want(0)),
+        Some(EagerTaken {
+            tag: 9,
+            data: pattern(100, 0).into()
+        })
+    );
+    // Frames that are not the wanted message stay first in line: another sequence number,
+    // context or tag, a payload longer than the receive takes.
+    assert_eq!(t[1].take_eager(&want(2)), None);
+    let other_context = EagerWant {
+        context: ContextId(3),
+        ..want(1)
     };
-    assert!(offer(0, true));
-    // A declined frame stays first in line.
-    assert!(!offer(1, false));
-    assert!(!offer(1, false));
+    assert_eq!(t[1].take_eager(&other_context), None);
+    let other_tag = EagerWant {
+        tag: Some(8),
+        ..want(1)
+    };
+    assert_eq!(t[1].take_eager(&other_tag), None);
+    let too_short = EagerWant {
+        max_len: 99,
+        ..want(1)
+    };
+    assert_eq!(t[1].take_eager(&too_short), None);
     assert_eq!(t[1].counters().frames_received, 1);
     // Drain delivers the rest of both senders' frames, each sender's in order, the declined one
     // first.
@@ -405,7 +422,7 @@ async fn a_frame_offered_in_place_is_taken_or_left_for_drain_in_order() {
     assert_eq!(seqs(0), (1..10).collect::<Vec<_>>());
     assert_eq!(seqs(2), (0..10).collect::<Vec<_>>());
     assert_eq!(t[1].counters().frames_received, 20);
-    assert!(!t[1].offer_next(0, &mut |_, _| panic!("all read")));
+    assert_eq!(t[1].take_eager(&want(10)), None);
 }
 
 /// Bytes of the mapping at `addr` that this process has mapped in (its `Rss` in
