@@ -32,6 +32,12 @@ impl Ctx {
         self.comm.collective_send(dst, self.tag, data)
     }
 
+    /// Sends the concatenation of `parts` to `dst` (starts at once): copied straight into the
+    /// transport when it goes out at once, so a small message needs no buffer of its own.
+    pub fn send_parts(&self, dst: usize, parts: &[&[u8]]) -> SendOp {
+        self.comm.collective_send_parts(dst, self.tag, parts)
+    }
+
     /// Receives the next message of this collective from `src`.
     pub async fn recv(&self, src: usize) -> Result<Bytes, Error> {
         Ok(self.comm.collective_recv(src, self.tag).await?.into_data())

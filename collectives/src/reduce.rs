@@ -222,11 +222,12 @@ impl<T: Element> Reduction<T> {
 
     /// Sends `data` to `to`, or the fault notice once the collective has failed (starts at once).
     pub fn send(&self, to: usize, data: &[T]) -> SendOp {
-        let message = match &self.fault {
-            None => encode_data(data),
-            Some(fault) => fault.notice.clone(),
-        };
-        self.cx.send(to, message)
+        match &self.fault {
+            None => self
+                .cx
+                .send_parts(to, &[bytemuck::cast_slice(data), &[DATA]]),
+            Some(fault) => self.cx.send(to, fault.notice.clone()),
+        }
     }
 
     /// Waits for a posted receive of `len` elements. `Ok(None)` when the collective has failed
@@ -330,10 +331,6 @@ enum Received {
     Fault(Fault),
     /// The message itself is wrong.
     Bad(Error),
-}
-
-fn encode_data<T: Element>(data: &[T]) -> Bytes {
-    BufferPool::shared().concat(&[bytemuck::cast_slice(data), &[DATA]])
 }
 
 fn encode_fault(rank: usize, error: &Error) -> Bytes {

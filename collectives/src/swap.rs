@@ -3,7 +3,7 @@
 //! only block a message can carry is its sender's), the send is made at the call, and what is
 //! left is one receive, made where the caller polls (see [`CollectiveOp::receiving`]).
 
-use crate::ctx::{Ctx, concat_equal_blocks, to_bytes};
+use crate::ctx::{Ctx, concat_equal_blocks};
 use crate::{CollectiveOp, Element};
 
 /// Sends `theirs` to the other rank of a two-rank communicator and keeps `mine`; resolves to
@@ -17,7 +17,7 @@ pub(crate) fn swap<T: Element>(
 ) -> CollectiveOp<Vec<T>> {
     let (me, other) = (cx.rank, 1 - cx.rank);
     let recv = cx.comm.collective_recv(other, cx.tag);
-    let sent = cx.send(other, to_bytes(theirs));
+    let sent = cx.send_parts(other, &[bytemuck::cast_slice(theirs)]);
     let mine = bytemuck::cast_slice::<T, u8>(mine).to_vec();
     CollectiveOp::receiving(me, Some(sent), recv, move |message| {
         let got = message.into_data();

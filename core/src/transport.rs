@@ -105,6 +105,25 @@ pub trait Transport: Send + Sync + 'static {
     /// that never were reachable (out of range, no route, connection refused).
     fn send(&self, to: u32, frame: Frame) -> Result<(), TransportError>;
 
+    /// Writes an eager frame — the header for `envelope`, then the concatenation of `payload`
+    /// — straight into the transport's buffer for world rank `to`, if it can go out at once
+    /// that way (for shared memory: nothing queued for `to` and room in the ring). Returns
+    /// `Ok(false)` otherwise, having done nothing: the caller then builds the frame and
+    /// [`send`](Self::send)s it, which is always correct. `Err` as for `send`.
+    ///
+    /// This is the send side's short cut: a small message made of borrowed pieces (a
+    /// collective's elements and its trailer byte) is copied once, into the ring, without a
+    /// buffer of its own or a [`Frame`]. The default declines.
+    fn send_eager(
+        &self,
+        to: u32,
+        envelope: &Envelope,
+        payload: &[&[u8]],
+    ) -> Result<bool, TransportError> {
+        let _ = (to, envelope, payload);
+        Ok(false)
+    }
+
     /// Moves what has arrived into `out`; returns how many were added. A transport may stop
     /// after a bounded batch as long as [`may_have_arrivals`](Self::may_have_arrivals) and
     /// [`poll_arrival`](Self::poll_arrival) still report the rest.

@@ -193,15 +193,7 @@ fn put_envelope(env: &Envelope, out: &mut impl BufMut) {
 pub fn encode_header(header: &Header, payload_len: usize, out: &mut impl BufMut) {
     if let Header::Eager(env) = header {
         // The commonest header, built in place and written at once (one bounds check).
-        let mut h = [0u8; EAGER_HEADER_LEN];
-        h[0] = MAGIC_VERSION;
-        h[1] = kind::EAGER;
-        h[2..10].copy_from_slice(&env.context.0.to_le_bytes());
-        h[10..14].copy_from_slice(&env.tag.to_le_bytes());
-        h[14..22].copy_from_slice(&env.seq.to_le_bytes());
-        h[22..30].copy_from_slice(&env.len.to_le_bytes());
-        h[30..38].copy_from_slice(&u64::try_from(payload_len).unwrap_or(u64::MAX).to_le_bytes());
-        out.put_slice(&h);
+        out.put_slice(&encode_eager_header(env, payload_len));
         return;
     }
     out.put_u8(MAGIC_VERSION);
@@ -230,6 +222,23 @@ pub fn encode_header(header: &Header, payload_len: usize, out: &mut impl BufMut)
     // usize is at most 64 bits on every target Rust supports today; saturate rather than panic
     // should that ever change (such a payload could not be sent anyway).
     out.put_u64_le(u64::try_from(payload_len).unwrap_or(u64::MAX));
+}
+
+/// The header of an Eager frame for `envelope` with a payload of `payload_len` bytes: what
+/// [`encode_header`] writes for it, as an array (a transport writing the frame in place puts it
+/// in front of the payload's pieces).
+#[inline]
+pub fn encode_eager_header(envelope: &Envelope, payload_len: usize) -> [u8; EAGER_HEADER_LEN] {
+    let mut h = [0u8; EAGER_HEADER_LEN];
+    h[0] = MAGIC_VERSION;
+    h[1] = kind::EAGER;
+    h[2..10].copy_from_slice(&envelope.context.0.to_le_bytes());
+    h[10..14].copy_from_slice(&envelope.tag.to_le_bytes());
+    h[14..22].copy_from_slice(&envelope.seq.to_le_bytes());
+    h[22..30].copy_from_slice(&envelope.len.to_le_bytes());
+    // usize is at most 64 bits on every target Rust supports today; saturate as below.
+    h[30..38].copy_from_slice(&u64::try_from(payload_len).unwrap_or(u64::MAX).to_le_bytes());
+    h
 }
 
 /// Encodes a frame's header (for a payload of the frame's length) into an array: sent gathered
@@ -367,7 +376,7 @@ pub fn decode_header(buf: &[u8]) -> Result<(Header, u64, usize), DecodeError> {
 }
 
 /// Bytes of an Eager frame's header.
-const EAGER_HEADER_LEN: usize = PREFIX_LEN + ENVELOPE_FIELDS + LEN_FIELD;
+pub const EAGER_HEADER_LEN: usize = PREFIX_LEN + ENVELOPE_FIELDS + LEN_FIELD;
 
 /// [`decode_header`] for the commonest frame, a well-formed Eager header of this version:
 /// fixed offsets in one bounds-checked array instead of a checked read per field. `None`

@@ -14,7 +14,7 @@
 use std::sync::{Arc, RwLock};
 use std::task::{Context, Poll};
 
-use rankweave_core::frame::Frame;
+use rankweave_core::frame::{Envelope, Frame};
 use rankweave_core::{
     Arrival, Capabilities, EagerTaken, EagerWant, Transport, TransportError, TransportStats,
 };
@@ -114,6 +114,18 @@ impl Transport for SplitTransport {
         let a = self.local.drain(out)?;
         let b = self.network.drain(out)?;
         Ok(a + b)
+    }
+
+    fn send_eager(
+        &self,
+        to: u32,
+        envelope: &Envelope,
+        payload: &[&[u8]],
+    ) -> Result<bool, TransportError> {
+        match self.path(to)? {
+            Path::SharedMemory => self.local.send_eager(to, envelope, payload),
+            Path::Network => self.network.send_eager(to, envelope, payload),
+        }
     }
 
     fn take_eager(&self, want: &EagerWant) -> Option<EagerTaken> {

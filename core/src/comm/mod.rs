@@ -8,14 +8,12 @@ use std::any::Any;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use bytes::Bytes;
-
 use crate::config::Config;
 use crate::error::Error;
 use crate::matching::Selector;
 use crate::multicast::{GroupId, MulticastGroup, MulticastSetup};
 use crate::protocol::SendStart;
-use crate::runtime::{Driver, RankLife};
+use crate::runtime::{Driver, RankLife, SendData};
 use crate::stats::Stats;
 use crate::transport::Transport;
 use crate::types::{ContextId, MAX_TAG, Message, Payload, Source, Status, Tag};
@@ -339,10 +337,18 @@ impl Communicator {
     /// for eager messages; after the receiver matched it for rendezvous ones). Dropping the
     /// future does **not** cancel the send: it completes in the background.
     pub fn send(&self, dst: usize, tag: u32, payload: impl Payload) -> SendOp {
-        self.send_on(self.inner.context, dst, tag, payload.into_bytes(), true)
+        let data = SendData::Bytes(payload.into_bytes());
+        self.send_on(self.inner.context, dst, tag, data, true)
     }
 
-    fn send_on(&self, context: ContextId, dst: usize, tag: u32, data: Bytes, user: bool) -> SendOp {
+    fn send_on(
+        &self,
+        context: ContextId,
+        dst: usize,
+        tag: u32,
+        data: SendData<'_>,
+        user: bool,
+    ) -> SendOp {
         let start = (|| {
             let to = self.check_rank(dst)?;
             let tag = if user { Self::check_tag(tag)? } else { tag };
@@ -509,13 +515,16 @@ impl Communicator {
     /// Sends on this communicator's collective context, which user receives never match. For
     /// collective algorithms; `tag` is usually from [`next_collective`](Self::next_collective).
     pub fn collective_send(&self, dst: usize, tag: u32, payload: impl Payload) -> SendOp {
-        self.send_on(
-            self.inner.context.collective(),
-            dst,
-            tag,
-            payload.into_bytes(),
-            false,
-        )
+        let data = SendData::Bytes(payload.into_bytes());
+        self.send_on(self.inner.context.collective(), dst, tag, data, false)
+    }
+
+    /// [`collective_send`](Self::collective_send) of the concatenation of `parts`: copied
+    /// straight into the transport when the message goes out at once (a small message to a
+    /// shared-memory peer), into a buffer of its own otherwise.
+    pub fn collective_send_parts(&self, dst: usize, tag: u32, parts: &[&[u8]]) -> SendOp {
+        let data = SendData::Parts(parts);
+        self.send_on(self.inner.context.collective(), dst, tag, data, false)
     }
 
     /// Receives on this communicator's collective context (see

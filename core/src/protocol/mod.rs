@@ -6,8 +6,8 @@
 //! ([`handle`](Endpoint::handle)), then drains frames to transmit
 //! ([`poll_transmit`](Endpoint::poll_transmit)) and operations that finished
 //! ([`poll_event`](Endpoint::poll_event)). One short cut: an eager send with nothing queued
-//! ahead of it may come straight back to the caller to transmit
-//! ([`post_send_now`](Endpoint::post_send_now)), and a receive started while nothing else
+//! ahead of it comes straight back to the caller to transmit
+//! ([`start_eager`](Endpoint::start_eager)), and a receive started while nothing else
 //! waits is kept apart from the matcher until something could change what it matches
 //! (`lone.rs`). Tests drive it directly.
 //!
@@ -87,18 +87,6 @@ pub enum SendStart {
     Complete,
     /// Rendezvous: the send completes when its [`Event::SendDone`] comes.
     Pending(SendId),
-}
-
-/// How [`Endpoint::post_send_now`] started a send.
-#[derive(Debug)]
-pub enum SendNow {
-    /// An eager message to another rank with nothing queued ahead of it: complete as far as
-    /// the application is concerned, and already counted as sent. The caller hands the frame
-    /// to the transport now (or reports the peer unreachable, as for a queued frame).
-    Transmit(u32, Frame),
-    /// Any other start; its frames, if any, are queued for
-    /// [`poll_transmit`](Endpoint::poll_transmit).
-    Started(SendStart),
 }
 
 /// A message handed to the application by a completed receive.
@@ -374,8 +362,58 @@ impl Endpoint {
         });
     }
 
+    /// The state of peer `to`, if a message may be sent to it: a rank of the job, not lost.
+    fn peer_to_send_to(&mut self, to: u32) -> Result<&mut Peer, Error> {
+        if to >= self.cfg.size {
+            return Err(Error::InvalidRank {
+                rank: to as usize,
+                size: self.cfg.size as usize,
+            });
+        }
+        let peer = self.peer(to);
+        if peer.lost {
+            return Err(Error::PeerFailed { rank: to as usize });
+        }
+        Ok(peer)
+    }
+
     fn is_lost(&self, rank: u32) -> bool {
         matches!(self.peers.get(rank as usize), Some(Some(p)) if p.lost)
+    }
+
+    /// Starts the common small send: an eager message of `len` bytes to another rank, with
+    /// nothing queued ahead of it. If that is what it is, the message is complete as far as the
+    /// application is concerned and counted as sent, and its envelope is returned: the caller
+    /// hands it and its payload to the transport now (or reports the peer unreachable, as for
+    /// a queued frame) — without the payload ever reaching the endpoint, so a payload made of
+    /// borrowed pieces needs no buffer of its own. `Ok(None)`: not this case, nothing changed;
+    /// start the send with [`post_send`](Self::post_send).
+    pub fn start_eager(
+        &mut self,
+        to: u32,
+        context: ContextId,
+        tag: u32,
+        len: usize,
+    ) -> Result<Option<Envelope>, Error> {
+        let (eager_limit, queued) = (self.cfg.eager_limit, !self.transmit.is_empty());
+        let own = to == self.cfg.rank;
+        let peer = self.peer_to_send_to(to)?;
+        let cost = len as u64 + EAGER_OVERHEAD;
+        if own || queued || len > eager_limit || cost > peer.credit {
+            return Ok(None);
+        }
+        let envelope = Envelope {
+            context,
+            tag,
+            seq: peer.next_send_seq,
+            len: len as u64,
+        };
+        peer.next_send_seq += 1;
+        peer.credit -= cost;
+        self.stats.eager_messages_sent += 1;
+        self.stats.frames_sent += 1;
+        self.stats.bytes_sent += len as u64;
+        Ok(Some(envelope))
     }
 
     /// Starts sending `data` to world rank `to` on `context` with `tag`.
@@ -386,38 +424,8 @@ impl Endpoint {
         tag: u32,
         data: Bytes,
     ) -> Result<SendStart, Error> {
-        match self.post_send_now(to, context, tag, data)? {
-            SendNow::Transmit(to, frame) => {
-                // Already counted as sent: queued as is.
-                self.transmit.push_back((to, frame));
-                Ok(SendStart::Complete)
-            }
-            SendNow::Started(start) => Ok(start),
-        }
-    }
-
-    /// Like [`post_send`](Self::post_send), but the common eager message to another rank, with
-    /// nothing queued ahead of it, is returned to be handed to the transport at once
-    /// ([`SendNow::Transmit`]) instead of going through [`poll_transmit`](Self::poll_transmit):
-    /// the driver's short path for small sends (nothing else is queued or finished by it).
-    pub fn post_send_now(
-        &mut self,
-        to: u32,
-        context: ContextId,
-        tag: u32,
-        data: Bytes,
-    ) -> Result<SendNow, Error> {
-        if to >= self.cfg.size {
-            return Err(Error::InvalidRank {
-                rank: to as usize,
-                size: self.cfg.size as usize,
-            });
-        }
         let eager_limit = self.cfg.eager_limit;
-        let peer = self.peer(to);
-        if peer.lost {
-            return Err(Error::PeerFailed { rank: to as usize });
-        }
+        let peer = self.peer_to_send_to(to)?;
         let envelope = Envelope {
             context,
             tag,
@@ -433,13 +441,9 @@ impl Endpoint {
                 header: Header::Eager(envelope),
                 payload: data,
             };
-            if to != self.cfg.rank && self.transmit.is_empty() {
-                self.count_sent(&frame);
-                return Ok(SendNow::Transmit(to, frame));
-            }
             self.queue(to, frame);
             self.run_loopback();
-            return Ok(SendNow::Started(SendStart::Complete));
+            return Ok(SendStart::Complete);
         }
         self.stats.rendezvous_messages_sent += 1;
         // Attach the data to the request when that is free and it fits one frame.
@@ -462,7 +466,7 @@ impl Endpoint {
         };
         self.queue(to, Frame { header, payload });
         self.run_loopback();
-        Ok(SendNow::Started(SendStart::Pending(SendId(send_id))))
+        Ok(SendStart::Pending(SendId(send_id)))
     }
 
     /// The result of a finished rendezvous send (removing it), or `None` while it runs.

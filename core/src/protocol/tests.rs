@@ -393,15 +393,14 @@ fn eager_with_receive_posted_first() {
 #[test]
 fn an_eager_send_with_nothing_queued_is_handed_over_at_once() {
     let mut net = Net::new(2);
-    let send_now = |net: &mut Net, to: u32, tag: u32, data: Bytes| {
-        net.ep(0).post_send_now(to, CTX, tag, data).expect("send")
+    let start = |net: &mut Net, to: u32, tag: u32, len: usize| {
+        net.ep(0).start_eager(to, CTX, tag, len).expect("send")
     };
     let r = net.recv(1, Some(0), Some(5), None);
-    // Straight out: complete, counted as sent, nothing left queued.
-    let SendNow::Transmit(to, frame) = send_now(&mut net, 1, 5, Bytes::from_static(b"hi")) else {
-        panic!("an eager send with an empty queue is handed over at once");
-    };
-    assert_eq!((to, frame.header), (1, Header::Eager(env(5, 0, 2))));
+    // Straight out: complete, counted as sent, nothing left queued; the payload never
+    // reaches the endpoint.
+    let envelope = start(&mut net, 1, 5, 2).expect("an eager send with an empty queue goes out");
+    assert_eq!(envelope, env(5, 0, 2));
     assert_eq!(net.ep(0).poll_transmit(), None);
     let s = net.stats(0);
     assert_eq!(
@@ -409,36 +408,45 @@ fn an_eager_send_with_nothing_queued_is_handed_over_at_once() {
         (1, 2, 1)
     );
     // The receiver takes it like any frame.
+    let frame = Frame {
+        header: Header::Eager(envelope),
+        payload: Bytes::from_static(b"hi"),
+    };
     net.links.entry((0, 1)).or_default().push_back(frame);
     net.run();
     assert_eq!(net.take(1, r), ok(0, 5, b"hi"));
 
-    // Behind a queued frame (a rendezvous request not yet polled), an eager send is queued
-    // after it, so the two keep their order on the link.
-    let rts = send_now(&mut net, 1, 6, Bytes::from(pattern(5000, 1)));
-    assert!(
-        matches!(rts, SendNow::Started(SendStart::Pending(_))),
-        "{rts:?}"
-    );
-    let eager = send_now(&mut net, 1, 7, Bytes::from_static(b"after"));
-    assert!(
-        matches!(eager, SendNow::Started(SendStart::Complete)),
-        "{eager:?}"
-    );
+    // A message beyond the eager limit is not this case (and nothing changed): post_send
+    // starts it as a rendezvous.
+    assert_eq!(start(&mut net, 1, 6, 5000), None);
+    let rts = net
+        .ep(0)
+        .post_send(1, CTX, 6, Bytes::from(pattern(5000, 1)));
+    assert!(matches!(rts, Ok(SendStart::Pending(_))), "{rts:?}");
+    // Behind the queued request (not yet polled), an eager send is not handed over either:
+    // post_send queues it after the request, so the two keep their order on the link.
+    assert_eq!(start(&mut net, 1, 7, 5), None);
+    let eager = net.ep(0).post_send(1, CTX, 7, Bytes::from_static(b"after"));
+    assert!(matches!(eager, Ok(SendStart::Complete)), "{eager:?}");
     let kinds: Vec<_> = std::iter::from_fn(|| net.ep(0).poll_transmit())
-        .map(|(to, f)| (to, matches!(f.header, Header::Rts { .. })))
+        .map(|(to, f)| (to, f.header))
         .collect();
-    assert_eq!(kinds, [(1, true), (1, false)]);
+    assert!(matches!(kinds[..], [(1, Header::Rts { .. }), (1, Header::Eager(e))] if e.seq == 2));
     assert_eq!(net.stats(0).frames_sent, 3);
 
     // To itself: through the loopback, never handed to a transport.
-    let own = send_now(&mut net, 0, 8, Bytes::from_static(b"me"));
-    assert!(
-        matches!(own, SendNow::Started(SendStart::Complete)),
-        "{own:?}"
-    );
+    assert_eq!(start(&mut net, 0, 8, 2), None);
+    let own = net.ep(0).post_send(0, CTX, 8, Bytes::from_static(b"me"));
+    assert!(matches!(own, Ok(SendStart::Complete)), "{own:?}");
     assert_eq!(net.ep(0).poll_transmit(), None);
     assert_eq!(net.stats(0).unexpected_messages, 1);
+
+    // Out of range: the same error as post_send's, and no sequence number spent.
+    assert!(matches!(
+        net.ep(0).start_eager(2, CTX, 9, 1),
+        Err(Error::InvalidRank { rank: 2, size: 2 })
+    ));
+    assert_eq!(start(&mut net, 1, 9, 1).map(|e| e.seq), Some(3));
 }
 
 #[test]

@@ -15,18 +15,43 @@ use bytes::Bytes;
 
 use rustc_hash::FxHashMap;
 
+use crate::buffer_pool::BufferPool;
 use crate::config::{Config, ProgressPolicy};
 use crate::error::Error;
-use crate::frame::Frame;
-use crate::protocol::{
-    Endpoint, EndpointConfig, Event, Received, RecvId, SendId, SendNow, SendStart,
-};
+use crate::error::TransportError;
+use crate::frame::{Envelope, Frame, Header};
+use crate::protocol::{Endpoint, EndpointConfig, Event, Received, RecvId, SendId, SendStart};
 use crate::spin_lock::{SpinLock, SpinLockGuard};
 use crate::stats::Stats;
 use crate::transport::{Arrival, Transport};
 use crate::types::ContextId;
 
 use super::shutdown::ShutdownSignal;
+
+/// The payload of a send: a buffer the caller gives away, or borrowed pieces to be sent one
+/// after the other (a collective's elements and its trailer byte) — copied straight into the
+/// transport when the send goes out at once, into a buffer of their own otherwise.
+#[derive(Debug)]
+pub(crate) enum SendData<'a> {
+    Bytes(Bytes),
+    Parts(&'a [&'a [u8]]),
+}
+
+impl SendData<'_> {
+    fn len(&self) -> usize {
+        match self {
+            SendData::Bytes(b) => b.len(),
+            SendData::Parts(parts) => parts.iter().map(|p| p.len()).sum(),
+        }
+    }
+
+    fn into_bytes(self) -> Bytes {
+        match self {
+            SendData::Bytes(b) => b,
+            SendData::Parts(parts) => BufferPool::shared().concat(parts),
+        }
+    }
+}
 
 /// What a parked future waits for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -219,29 +244,29 @@ impl Driver {
     }
 
     /// Starts a send. The common small one — an eager message to another rank with nothing
-    /// queued ahead of it ([`Endpoint::post_send_now`]) — goes straight to the transport: it
-    /// queues and finishes nothing else, so there is no queue to go through and nothing to
-    /// flush or wake.
+    /// queued ahead of it ([`Endpoint::start_eager`]) — goes straight to the transport
+    /// ([`transmit_eager`](Self::transmit_eager)): it queues and finishes nothing else, so
+    /// there is no queue to go through and nothing to flush or wake.
     pub(crate) fn post_send(
         &self,
         to: u32,
         context: ContextId,
         tag: u32,
-        data: Bytes,
+        data: SendData<'_>,
     ) -> Result<SendStart, Error> {
         let mut wake = Vec::new();
         let start = {
             let mut st = self.lock();
-            let start = match st.endpoint.post_send_now(to, context, tag, data) {
-                Ok(SendNow::Transmit(to, frame)) => {
-                    if self.hand_over(&mut st, to, frame) {
+            let start = match st.endpoint.start_eager(to, context, tag, data.len()) {
+                Ok(Some(envelope)) => {
+                    if self.transmit_eager(&mut st, to, envelope, data) {
                         // Nothing queued, nothing finished: no flush, nobody to wake.
                         return Ok(SendStart::Complete);
                     }
                     // The peer is lost: receives waiting for it fail (the flush wakes them).
                     Ok(SendStart::Complete)
                 }
-                Ok(SendNow::Started(start)) => Ok(start),
+                Ok(None) => st.endpoint.post_send(to, context, tag, data.into_bytes()),
                 Err(e) => Err(e),
             };
             self.flush(&mut st, &mut wake);
@@ -251,17 +276,49 @@ impl Driver {
         start
     }
 
+    /// Hands the eager message `envelope` with payload `data` to the transport: written in
+    /// place where the transport can ([`Transport::send_eager`]), as a frame otherwise.
+    /// Returns `false` if the transport cannot reach the peer (see
+    /// [`hand_over`](Self::hand_over)).
+    fn transmit_eager(
+        &self,
+        st: &mut DriverState,
+        to: u32,
+        envelope: Envelope,
+        data: SendData<'_>,
+    ) -> bool {
+        let written = match &data {
+            SendData::Bytes(bytes) => self.transport.send_eager(to, &envelope, &[bytes]),
+            SendData::Parts(parts) => self.transport.send_eager(to, &envelope, parts),
+        };
+        match written {
+            Ok(true) => true,
+            Ok(false) => {
+                let frame = Frame {
+                    header: Header::Eager(envelope),
+                    payload: data.into_bytes(),
+                };
+                self.hand_over(st, to, frame)
+            }
+            Err(e) => self.unreachable(st, to, &e),
+        }
+    }
+
     /// Gives `frame` to the transport. Returns `false` if the transport cannot reach the peer,
     /// which is then lost to the endpoint.
     fn hand_over(&self, st: &mut DriverState, to: u32, frame: Frame) -> bool {
         match self.transport.send(to, frame) {
             Ok(()) => true,
-            Err(e) => {
-                tracing::debug!(rank = self.rank, to, error = %e, "peer unreachable");
-                st.endpoint.peer_unreachable(to);
-                false
-            }
+            Err(e) => self.unreachable(st, to, &e),
         }
+    }
+
+    /// The transport cannot reach `to`: the endpoint loses the peer. Returns `false`.
+    #[cold]
+    fn unreachable(&self, st: &mut DriverState, to: u32, e: &TransportError) -> bool {
+        tracing::debug!(rank = self.rank, to, error = %e, "peer unreachable");
+        st.endpoint.peer_unreachable(to);
+        false
     }
 
     /// Hands queued frames to the transport and turns events into wakers.

@@ -35,7 +35,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use rankweave_core::frame::Frame;
+use rankweave_core::frame::{Envelope, Frame};
 use rankweave_core::{
     Arrival, Capabilities, Communicator, Config, EagerTaken, EagerWant, Error, ShmConfig,
     ShmCounters, Transport, TransportError, TransportStats,
@@ -301,6 +301,15 @@ impl Transport for ShmTransport {
 
     fn take_eager(&self, want: &EagerWant) -> Option<EagerTaken> {
         self.rank.take_eager(want)
+    }
+
+    fn send_eager(
+        &self,
+        to: u32,
+        envelope: &Envelope,
+        payload: &[&[u8]],
+    ) -> Result<bool, TransportError> {
+        self.rank.send_eager(to, envelope, payload)
     }
 
     fn poll_arrival(&self, cx: &mut Context<'_>) -> Poll<()> {
@@ -872,6 +881,35 @@ impl Transport for ShmRank {
         let me = self.me.rank;
         self.with_outbound(peer, |out| ((), out.send(&peer.segment, me, frame)));
         Ok(())
+    }
+
+    fn send_eager(
+        &self,
+        to: u32,
+        envelope: &Envelope,
+        payload: &[&[u8]],
+    ) -> Result<bool, TransportError> {
+        // Anything out of the ordinary (closed, to self, a peer not connected yet or gone)
+        // goes the usual way, which reports or handles it.
+        if to == self.me.rank || self.closed.load(Ordering::Acquire) {
+            return Ok(false);
+        }
+        let Some(peer) = self.peer_if_connected(to) else {
+            return Ok(false);
+        };
+        if peer.gone.load(Ordering::Acquire) {
+            return Ok(false);
+        }
+        let me = self.me.rank;
+        if !peer
+            .out
+            .lock()
+            .send_eager(&peer.segment, me, envelope, payload)
+        {
+            return Ok(false);
+        }
+        self.nudge(peer);
+        Ok(true)
     }
 
     fn drain(&self, out: &mut Vec<Arrival>) -> Result<usize, TransportError> {

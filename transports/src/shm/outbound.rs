@@ -20,7 +20,7 @@ use std::collections::VecDeque;
 
 use bytes::Bytes;
 use rankweave_core::config::ShmConfig;
-use rankweave_core::frame::Frame;
+use rankweave_core::frame::{Envelope, Frame};
 use rankweave_core::wire;
 use rustc_hash::FxHashMap;
 
@@ -172,6 +172,44 @@ impl Outbound {
         };
         self.queue.push_back(queued);
         self.flush(peer, me)
+    }
+
+    /// Writes an eager frame (the header for `envelope`, then the concatenation of `payload`,
+    /// at most three pieces) straight into the ring, if nothing is queued ahead of it and it
+    /// fits in one record now. Returns whether it was published; if not, nothing was done
+    /// (the caller sends the frame the usual way, which queues it).
+    pub(crate) fn send_eager(
+        &mut self,
+        peer: &Segment,
+        me: u32,
+        envelope: &Envelope,
+        payload: &[&[u8]],
+    ) -> bool {
+        let len: usize = payload.iter().map(|p| p.len()).sum();
+        if !self.queue.is_empty() || wire::EAGER_HEADER_LEN + len > self.inline_max {
+            return false;
+        }
+        let header = wire::encode_eager_header(envelope, len);
+        let parts: [&[u8]; 4] = match *payload {
+            [] => [&header, &[], &[], &[]],
+            [a] => [&header, a, &[], &[]],
+            [a, b] => [&header, a, b, &[]],
+            [a, b, c] => [&header, a, b, c],
+            _ => return false,
+        };
+        let Some((control, data)) = peer.ring(me) else {
+            return false;
+        };
+        if self
+            .producer
+            .try_push(control, &data, record::FRAME, &parts)
+            != Pushed::Done
+        {
+            return false;
+        }
+        self.counts.frames += 1;
+        self.counts.bytes += len as u64;
+        true
     }
 
     /// Queues a control record (`DONE`, `BYE`) and tries to send it.

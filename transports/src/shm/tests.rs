@@ -2,7 +2,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use rankweave_core::ContextId;
-use rankweave_core::frame::Header;
+use rankweave_core::frame::{Envelope, Header};
 
 use super::*;
 
@@ -223,6 +223,60 @@ async fn a_full_ring_holds_senders_back_and_loses_nothing() {
         for (i, (seq, p)) in list.iter().enumerate() {
             assert_eq!(*seq, i as u64);
             assert_eq!(&p[..], &pattern(len, i as u64)[..]);
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_eager_frame_is_written_in_place_only_when_it_can_go_out_at_once() {
+    // 4 KiB rings, a quarter of which is the largest record: small frames fill one quickly.
+    let t = job(2, settings(4096, true));
+    let envelope = |seq: u64, len: usize| Envelope {
+        context: ContextId(2),
+        tag: 9,
+        seq,
+        len: len as u64,
+    };
+    // Not connected yet, or to itself: declined, for the usual path to handle.
+    assert_eq!(t[0].send_eager(1, &envelope(0, 3), &[b"abc"]), Ok(false));
+    assert_eq!(t[0].send_eager(0, &envelope(0, 3), &[b"abc"]), Ok(false));
+    t[0].send(1, eager(0, pattern(5, 0))).unwrap();
+    // Written in place, in pieces, behind the frame sent the usual way; then more until the
+    // ring is full, which declines (nothing written), as does anything while frames wait.
+    let mut seq = 1;
+    while t[0].send_eager(1, &envelope(seq, 7), &[b"ab", b"", b"cdefg"]) == Ok(true) {
+        seq += 1;
+    }
+    assert!(seq > 10, "{seq} frames fit");
+    t[0].send(1, eager(seq, pattern(5, seq))).unwrap();
+    assert!(
+        t[0].counters().ring_full > 0,
+        "the frame sent the usual way waits for space"
+    );
+    assert_eq!(
+        t[0].send_eager(1, &envelope(seq + 1, 1), &[b"z"]),
+        Ok(false)
+    );
+    // Too many pieces, or too large for one record: declined.
+    let got = collect(&t[1], &[&t[0]], (seq + 1) as usize);
+    assert_eq!(
+        t[0].send_eager(1, &envelope(seq + 1, 4), &[b"a", b"b", b"c", b"d"]),
+        Ok(false)
+    );
+    let big = vec![0u8; 20 * 1024];
+    assert_eq!(
+        t[0].send_eager(1, &envelope(seq + 1, big.len()), &[&big]),
+        Ok(false)
+    );
+    // Everything arrived in order, each as the frame its envelope and pieces make.
+    let list = payloads(got, 0);
+    assert_eq!(list.len(), (seq + 1) as usize);
+    for (i, (s, p)) in list.iter().enumerate() {
+        assert_eq!(*s, i as u64);
+        if i == 0 || i as u64 == seq {
+            assert_eq!(&p[..], &pattern(5, i as u64)[..]);
+        } else {
+            assert_eq!(&p[..], b"abcdefg");
         }
     }
 }
