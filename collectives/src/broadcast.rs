@@ -127,7 +127,14 @@ pub(crate) fn root_at_once(cx: &Ctx, data: Bytes) -> Result<CollectiveOp<Bytes>,
         return Err(data);
     }
     let tree = BinomialTree::new(cx, cx.rank);
-    let sends = send_down(cx, &tree, &mut header.message(&data), true);
+    // Header and data go as borrowed pieces: into the ring straight from here when a send
+    // goes out at once, with no message buffer built for it.
+    let head = header.encode();
+    let body: &[u8] = if header.carries_data() { &data } else { &[] };
+    let mut sends = Vec::new();
+    for child in tree.children() {
+        keep_pending(&mut sends, cx.send_parts(child.rank, &[&head, body]));
+    }
     if sends.is_empty() {
         return Ok(CollectiveOp::finished(cx.rank, Ok(data)));
     }
@@ -220,12 +227,17 @@ impl Header {
     /// The header, followed by the data itself for a binomial broadcast that does not send it
     /// apart.
     fn message(&self, data: &Bytes) -> Bytes {
+        let body: &[u8] = if self.carries_data() { data } else { &[] };
+        BufferPool::shared().concat(&[&self.encode(), body])
+    }
+
+    /// The header's bytes.
+    fn encode(&self) -> [u8; HEADER_LEN] {
         let mut header = [0u8; HEADER_LEN];
         header[0] = algorithm_id(self.algorithm);
         header[1] = u8::from(self.separate);
         header[8..].copy_from_slice(&(self.len as u64).to_le_bytes());
-        let body: &[u8] = if self.carries_data() { data } else { &[] };
-        BufferPool::shared().concat(&[&header, body])
+        header
     }
 
     fn carries_data(&self) -> bool {
