@@ -81,8 +81,10 @@ pub(crate) fn is_one_exchange<T: Element>(cx: &Ctx, op: &ReduceOp<T>, len: usize
 pub(crate) fn pair<T: Element>(cx: Ctx, mut data: Vec<T>, op: ReduceOp<T>) -> CollectiveOp<Vec<T>> {
     let (rank, partner) = (cx.rank, 1 - cx.rank);
     let mut reduction = Reduction::new(cx, op);
-    let incoming = reduction.post(partner);
+    // The send first (what the partner waits for); the receive posted after it still finds
+    // the partner's vector wherever it is by then.
     let sent = reduction.send(partner, &data);
+    let incoming = reduction.post(partner);
     CollectiveOp::receiving(rank, Some(sent), incoming.into_recv(), move |message| {
         reduction.combine_message(partner, message.into_data(), &mut data);
         reduction.finish(data)

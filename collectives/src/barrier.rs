@@ -27,7 +27,9 @@ pub(crate) async fn dissemination(cx: Ctx) -> Result<(), Error> {
 /// hear from the other rank (see [`CollectiveOp::receiving`]).
 pub(crate) fn pair(cx: Ctx) -> CollectiveOp<()> {
     let other = 1 - cx.rank;
-    let recv = cx.comm.collective_recv(other, cx.tag);
+    // The send first: it is what the other rank waits for, and the receive posted a moment
+    // later still finds the signal (in the ring, or taken in and queued).
     let sent = cx.send(other, Bytes::new());
+    let recv = cx.comm.collective_recv(other, cx.tag);
     CollectiveOp::receiving(cx.rank, Some(sent), recv, |_| Ok(()))
 }

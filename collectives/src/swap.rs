@@ -16,8 +16,9 @@ pub(crate) fn swap<T: Element>(
     count: usize,
 ) -> CollectiveOp<Vec<T>> {
     let (me, other) = (cx.rank, 1 - cx.rank);
-    let recv = cx.comm.collective_recv(other, cx.tag);
+    // The send first (what the other rank waits for), then the receive.
     let sent = cx.send_parts(other, &[bytemuck::cast_slice(theirs)]);
+    let recv = cx.comm.collective_recv(other, cx.tag);
     let mine = bytemuck::cast_slice::<T, u8>(mine).to_vec();
     CollectiveOp::receiving(me, Some(sent), recv, move |message| {
         let got = message.into_data();
