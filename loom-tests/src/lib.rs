@@ -403,8 +403,8 @@ pub mod ring_api {
         }
 
         /// `RingConsumer::discard_all`: whether the producer asked for space.
-        pub fn discard_all(&mut self, control: &RingControl) -> bool {
-            self.0.discard_all(&control.0)
+        pub fn discard_all(&mut self, control: &RingControl, data: &SharedBytes) -> bool {
+            self.0.discard_all(&control.0, data)
         }
 
         /// `RingConsumer::release`.

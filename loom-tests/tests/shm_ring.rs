@@ -341,7 +341,7 @@ fn discard_all_vs_push() {
             }
         });
         assert_eq!(first, records[0]);
-        let _ = c.discard_all(&r.control);
+        let _ = c.discard_all(&r.control, &r.data);
         producer.join().unwrap();
 
         let mut rest = Vec::new();
@@ -356,7 +356,7 @@ fn discard_all_vs_push() {
             records[1..].ends_with(&rest),
             "read {rest:?} after discard_all: not the last records pushed"
         );
-        let _ = c.discard_all(&r.control);
+        let _ = c.discard_all(&r.control, &r.data);
         assert!(!c.has_records(&r.data));
         assert!(!r.control.has_unreleased(&r.data, GEOMETRY, key()));
     });

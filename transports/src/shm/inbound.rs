@@ -117,9 +117,9 @@ impl Inbound {
     /// Gives the ring up (its sender vanished).
     pub(crate) fn break_off(&mut self, own: &Segment) {
         self.stream.broken = true;
-        if let Some((control, _)) = own.ring(self.stream.sender) {
+        if let Some((control, data)) = own.ring(self.stream.sender) {
             // Its producer is gone: nobody to signal.
-            let _ = self.consumer.discard_all(control);
+            let _ = self.consumer.discard_all(control, &data);
         }
     }
 
@@ -180,7 +180,7 @@ impl Inbound {
         if stream.said_bye || stream.broken {
             // Nothing after a goodbye or a broken record is read: drop it all, so the ring
             // does not look unread forever.
-            waits = self.consumer.discard_all(control);
+            waits = self.consumer.discard_all(control, &data);
         }
         outcome.producer_waits = self.consumer.release(control) || waits;
         outcome

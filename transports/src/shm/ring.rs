@@ -437,15 +437,24 @@ impl RingConsumer {
     /// Gives up on the ring: everything written so far counts as read and is released, so
     /// the ring no longer looks unread (its sender said goodbye or broke the rules).
     /// Returns what [`release`](Self::release) returns.
-    pub(crate) fn discard_all(&mut self, control: &RingControl) -> bool {
+    pub(crate) fn discard_all(&mut self, control: &RingControl, data: &SharedBytes) -> bool {
         let head = control.producer.head.load(Ordering::Acquire);
         // A head from the other process that is behind, or more than a ring ahead, is not
-        // trusted: nothing is skipped then.
+        // trusted: nothing is skipped by it then.
         if head
             .checked_sub(self.tail)
             .is_some_and(|n| n <= self.geometry.capacity as u64)
         {
             self.tail = head;
+        }
+        // Published records beyond the head (from a producer that broke the rules: a record
+        // whose length cannot be trusted) are stepped over a unit at a time, so that no stamp
+        // is left at the read position and the ring stops looking unread.
+        for _ in 0..self.geometry.capacity / self.geometry.unit {
+            if !self.is_published(data, self.geometry.offset(self.tail)) {
+                break;
+            }
+            self.tail += self.geometry.unit as u64;
         }
         self.release(control)
     }
@@ -629,11 +638,18 @@ mod tests {
         let mut c = RingConsumer::new(&r.control, g, KEY);
         forge(&r, 0, 0, 300, 3);
         assert_eq!(pop(&mut c, &r), Popped::Corrupt);
+        // Given up, the ring no longer looks unread (the head never covered the record).
+        assert!(r.control.has_unreleased(&r.data, g, KEY));
+        c.discard_all(&r.control, &r.data);
+        assert!(!r.control.has_unreleased(&r.data, g, KEY));
+        assert!(!c.has_records(&r.data));
         // A body longer than any producer may push, though it would fit.
+        let (r, g) = ring(256, 64);
         let mut c = RingConsumer::new(&r.control, g, KEY);
         forge(&r, 0, 0, g.max_body() + 1, 3);
         assert_eq!(pop(&mut c, &r), Popped::Corrupt);
         // A filler that does not reach the end.
+        let (r, g) = ring(256, 64);
         let mut c = RingConsumer::new(&r.control, g, KEY);
         forge(&r, 0, 0, 10, PAD);
         assert_eq!(pop(&mut c, &r), Popped::Corrupt);
@@ -676,11 +692,11 @@ mod tests {
         for _ in 0..3 {
             assert_eq!(p.try_push(&r.control, &r.data, 1, &[b"x"]), Pushed::Done);
         }
-        c.discard_all(&r.control);
+        c.discard_all(&r.control, &r.data);
         assert_eq!(pop(&mut c, &r), Popped::Empty);
         assert!(!r.control.has_unreleased(&r.data, g, KEY));
         r.control.producer.head.store(1 << 40, Ordering::Release);
-        c.discard_all(&r.control);
+        c.discard_all(&r.control, &r.data);
         assert_eq!(p.try_push(&r.control, &r.data, 2, &[b"y"]), Pushed::Done);
         assert_eq!(pop(&mut c, &r), Popped::Record((2, b"y".to_vec())));
     }
