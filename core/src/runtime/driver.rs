@@ -401,7 +401,10 @@ impl Driver {
         }
         if wait.should_spin(&self.config) {
             let _busy = BusyPoll::new(&*self.transport);
-            let burst = Instant::now();
+            // The clock is first read after a few polls, not before the first: a reply on its
+            // way lands within a few hundred nanoseconds, and three clock reads (some 20 ns
+            // each here) ahead of the first look would add to its latency.
+            let mut burst: Option<Instant> = None;
             let mut polls = 0u32;
             let give_way = self.config.spin_yield == Some(true);
             loop {
@@ -420,8 +423,13 @@ impl Driver {
                 }
                 polls += 1;
                 // The clock is read once every few polls: it costs more than a poll.
-                if polls % CLOCK_EVERY == 0 && burst.elapsed() >= SPIN_BURST {
-                    break;
+                if polls % CLOCK_EVERY == 0 {
+                    let now = Instant::now();
+                    let start = *burst.get_or_insert(now);
+                    if now.duration_since(start) >= SPIN_BURST {
+                        wait.spinning_since(start);
+                        break;
+                    }
                 }
             }
             // Data moving for this rank (a long frame going out or coming in piece by piece)
@@ -570,10 +578,17 @@ impl Wait {
         match config.progress {
             ProgressPolicy::Park => false,
             ProgressPolicy::Spin => true,
-            ProgressPolicy::SpinThenPark => {
-                self.since.get_or_insert_with(Instant::now).elapsed() < config.spin_window()
-            }
+            // Before the first burst ended, the window has just begun: no clock read.
+            ProgressPolicy::SpinThenPark => self
+                .since
+                .is_none_or(|since| since.elapsed() < config.spin_window()),
         }
+    }
+
+    /// A spin burst that began at `start` ended without an answer: the window counts from the
+    /// first one.
+    fn spinning_since(&mut self, start: Instant) {
+        self.since.get_or_insert(start);
     }
 }
 
@@ -623,6 +638,10 @@ mod tests {
         let config = spin_then_park(Duration::from_millis(200));
         let (mut quiet, mut busy) = (Wait::default(), Wait::default());
         assert!(quiet.should_spin(&config) && busy.should_spin(&config));
+        // Each ends a first burst; the window counts from its start.
+        let start = Instant::now();
+        quiet.spinning_since(start);
+        busy.spinning_since(start);
         std::thread::sleep(Duration::from_millis(250));
         // No traffic since the wait began: the window has passed.
         quiet.saw_traffic(0);
@@ -634,6 +653,21 @@ mod tests {
         std::thread::sleep(Duration::from_millis(250));
         busy.saw_traffic(7);
         assert!(!busy.should_spin(&config));
+    }
+
+    #[test]
+    fn the_window_starts_with_the_first_burst_and_stays_put() {
+        let config = spin_then_park(Duration::from_millis(200));
+        let mut wait = Wait::default();
+        // No burst has ended yet: spin, without reading the clock.
+        std::thread::sleep(Duration::from_millis(250));
+        assert!(wait.should_spin(&config));
+        // The first burst began a while ago: the window has passed.
+        wait.spinning_since(Instant::now() - Duration::from_millis(250));
+        assert!(!wait.should_spin(&config));
+        // A later burst does not move its start.
+        wait.spinning_since(Instant::now());
+        assert!(!wait.should_spin(&config));
     }
 
     #[test]
