@@ -260,6 +260,29 @@ struct Peer {
 }
 
 impl Peer {
+    /// The envelope of the next message to this peer (its sequence number taken).
+    fn next_envelope(&mut self, context: ContextId, tag: u32, len: usize) -> Envelope {
+        let seq = self.next_send_seq;
+        self.next_send_seq += 1;
+        Envelope {
+            context,
+            tag,
+            seq,
+            len: len as u64,
+        }
+    }
+
+    /// Whether a message of `len` bytes goes eagerly (within `eager_limit` and the credit it
+    /// costs); if so, the credit is spent.
+    fn spend_eager_credit(&mut self, len: usize, eager_limit: usize) -> bool {
+        let cost = len as u64 + EAGER_OVERHEAD;
+        let eager = len <= eager_limit && cost <= self.credit;
+        if eager {
+            self.credit -= cost;
+        }
+        eager
+    }
+
     /// Adds `cost` to the credit owed; returns what to give back now, if the debt reached
     /// `threshold` (and the peer is there to hear it).
     fn owe(&mut self, cost: u64, threshold: u64) -> Option<u64> {
@@ -398,18 +421,10 @@ impl Endpoint {
         let (eager_limit, queued) = (self.cfg.eager_limit, !self.transmit.is_empty());
         let own = to == self.cfg.rank;
         let peer = self.peer_to_send_to(to)?;
-        let cost = len as u64 + EAGER_OVERHEAD;
-        if own || queued || len > eager_limit || cost > peer.credit {
+        if own || queued || !peer.spend_eager_credit(len, eager_limit) {
             return Ok(None);
         }
-        let envelope = Envelope {
-            context,
-            tag,
-            seq: peer.next_send_seq,
-            len: len as u64,
-        };
-        peer.next_send_seq += 1;
-        peer.credit -= cost;
+        let envelope = peer.next_envelope(context, tag, len);
         self.stats.eager_messages_sent += 1;
         self.stats.frames_sent += 1;
         self.stats.bytes_sent += len as u64;
@@ -426,16 +441,8 @@ impl Endpoint {
     ) -> Result<SendStart, Error> {
         let eager_limit = self.cfg.eager_limit;
         let peer = self.peer_to_send_to(to)?;
-        let envelope = Envelope {
-            context,
-            tag,
-            seq: peer.next_send_seq,
-            len: data.len() as u64,
-        };
-        peer.next_send_seq += 1;
-        let cost = data.len() as u64 + EAGER_OVERHEAD;
-        if data.len() <= eager_limit && cost <= peer.credit {
-            peer.credit -= cost;
+        let envelope = peer.next_envelope(context, tag, data.len());
+        if peer.spend_eager_credit(data.len(), eager_limit) {
             self.stats.eager_messages_sent += 1;
             let frame = Frame {
                 header: Header::Eager(envelope),
