@@ -75,17 +75,14 @@ pub(crate) fn is_one_exchange<T: Element>(cx: &Ctx, op: &ReduceOp<T>, len: usize
     choose(cx, op, len) == AllreduceAlgorithm::RecursiveDoubling
 }
 
-/// The all-reduce of two ranks by recursive doubling: one exchange, whose send goes out at the
-/// call; what is left is to receive the partner's vector and combine it (see
-/// [`CollectiveOp::receiving`]).
+/// The all-reduce of two ranks by recursive doubling: one exchange, started at the call; what
+/// is left is to combine the partner's vector, at once if it was already here, where the
+/// caller polls otherwise (see [`CollectiveOp::exchanged`]).
 pub(crate) fn pair<T: Element>(cx: Ctx, mut data: Vec<T>, op: ReduceOp<T>) -> CollectiveOp<Vec<T>> {
     let (rank, partner) = (cx.rank, 1 - cx.rank);
     let mut reduction = Reduction::new(cx, op);
-    // The send first (what the partner waits for); the receive posted after it still finds
-    // the partner's vector wherever it is by then.
-    let sent = reduction.send(partner, &data);
-    let incoming = reduction.post(partner);
-    CollectiveOp::receiving(rank, Some(sent), incoming.into_recv(), move |message| {
+    let (sent, received) = reduction.start_exchange(partner, &data);
+    CollectiveOp::exchanged(rank, sent, received, move |message| {
         reduction.combine_message(partner, message.into_data(), &mut data);
         reduction.finish(data)
     })

@@ -3,7 +3,7 @@
 //! directly or not, from everyone. Works for any n, no power of two needed.
 
 use bytes::Bytes;
-use rankweave_core::Error;
+use rankweave_core::{Communicator, Error};
 
 use crate::CollectiveOp;
 use crate::ctx::Ctx;
@@ -23,13 +23,12 @@ pub(crate) async fn dissemination(cx: Ctx) -> Result<(), Error> {
     Ok(())
 }
 
-/// The barrier of two ranks: one round, whose signal goes out at the call; what is left is to
-/// hear from the other rank (see [`CollectiveOp::receiving`]).
-pub(crate) fn pair(cx: Ctx) -> CollectiveOp<()> {
-    let other = 1 - cx.rank;
-    // The send first: it is what the other rank waits for, and the receive posted a moment
-    // later still finds the signal (in the ring, or taken in and queued).
-    let sent = cx.send(other, Bytes::new());
-    let recv = cx.comm.collective_recv(other, cx.tag);
-    CollectiveOp::receiving(cx.rank, Some(sent), recv, |_| Ok(()))
+/// The barrier of two ranks: one exchange of empty messages, whose signal goes out at the
+/// call; if the other rank's is already here, the barrier is over then, and otherwise what is
+/// left is to hear from it (see [`CollectiveOp::exchanged`]).
+pub(crate) fn pair(comm: &Communicator) -> CollectiveOp<()> {
+    let (me, tag) = (comm.rank(), comm.next_collective());
+    let other = 1 - me;
+    let (sent, received) = comm.collective_exchange(other, tag, &[], other);
+    CollectiveOp::exchanged(me, sent, received, |_| Ok(()))
 }

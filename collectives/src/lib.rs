@@ -182,11 +182,10 @@ pub trait Collectives {
 
 impl Collectives for Communicator {
     fn barrier(&self) -> CollectiveOp<()> {
-        let cx = Ctx::next(self);
-        if cx.size == 2 {
-            return barrier::pair(cx);
+        if self.size() == 2 {
+            return barrier::pair(self);
         }
-        start_in(cx, Ok(()), barrier::dissemination)
+        start(self, Ok(()), barrier::dissemination)
     }
 
     fn broadcast(&self, root: usize, data: impl Payload) -> CollectiveOp<Bytes> {

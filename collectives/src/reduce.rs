@@ -35,7 +35,7 @@ use std::ops::{Deref, Range};
 
 use bytes::Bytes;
 use rankweave_core::buffer_pool::BufferPool;
-use rankweave_core::{Error, RecvOp, SendOp};
+use rankweave_core::{Error, ExchangeRecv, RecvOp, SendOp};
 
 use crate::ctx::{Ctx, length_mismatch, to_vec};
 use crate::tree::BinomialTree;
@@ -218,6 +218,20 @@ impl<T: Element> Reduction<T> {
             from,
             recv: self.cx.comm.collective_recv(from, self.cx.tag),
         }
+    }
+
+    /// Sends `data` (or the fault notice) to `partner` and receives from it, both started at
+    /// once and together ([`Communicator::collective_exchange`]): a two-rank collective's one
+    /// exchange. The message goes to [`combine_message`](Self::combine_message).
+    ///
+    /// [`Communicator::collective_exchange`]: rankweave_core::Communicator::collective_exchange
+    pub fn start_exchange(&self, partner: usize, data: &[T]) -> (SendOp, ExchangeRecv) {
+        let parts: [&[u8]; 2] = match &self.fault {
+            None => [bytemuck::cast_slice(data), &[DATA]],
+            Some(fault) => [&fault.notice, &[]],
+        };
+        let (comm, tag) = (&self.cx.comm, self.cx.tag);
+        comm.collective_exchange(partner, tag, &parts, partner)
     }
 
     /// Sends `data` to `to`, or the fault notice once the collective has failed (starts at once).

@@ -14,7 +14,9 @@
 //! [`receiving`](CollectiveOp::receiving) that message and finishes where it is polled, as a
 //! point-to-point receive does. Nobody waits for anything more from this rank, so nothing is
 //! lost by leaving the rest to the caller's polls; this path is just cheaper (no future to
-//! allocate and move, no task to schedule and hand the result back from).
+//! allocate and move, no task to schedule and hand the result back from). A two-rank exchange
+//! whose message is already here when it starts ([`exchanged`](CollectiveOp::exchanged)) is
+//! cheaper still: it finishes at the call, with no receive future and nothing boxed.
 //!
 //! Dropping the future does not cancel the collective: the other ranks depend on this one's part,
 //! so it runs to completion (like a dropped send). A receiving one dropped early still takes its
@@ -25,18 +27,26 @@ use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 
-use rankweave_core::{Error, Message, RecvOp, SendOp};
+use rankweave_core::{Error, ExchangeRecv, Message, RecvOp, SendOp};
 use tokio::task::JoinHandle;
 
 type BoxedRun<T> = Pin<Box<dyn Future<Output = Result<T, Error>> + Send + 'static>>;
 
 /// The rest of a [`receiving`](CollectiveOp::receiving) collective: its last send if it did
-/// not go out at once, its receive, and `finish`, which makes the result of the message. Boxed
+/// not go out at once, its message, and `finish`, which makes the result of the message. Boxed
 /// as one object (the closure inside it), so that a collective future stays small.
 struct Receiving<F> {
     send: Option<SendOp>,
-    recv: RecvOp,
+    message: Incoming,
     finish: F,
+}
+
+/// The message a [`Receiving`] collective finishes with.
+enum Incoming {
+    /// Still to come.
+    Waiting(RecvOp),
+    /// Already here (taken by the poll that returns it).
+    Here(Option<Result<Message, Error>>),
 }
 
 /// [`Receiving`] with its closure's type erased.
@@ -45,8 +55,9 @@ trait Awaiting<T>: Send {
     fn poll_message(&mut self, cx: &mut Context<'_>) -> Poll<Result<Message, Error>>;
     /// The result of the message.
     fn finish(self: Box<Self>, message: Message) -> Result<T, Error>;
-    /// The receive, for a task to take the message when the future is dropped first.
-    fn into_recv(self: Box<Self>) -> RecvOp;
+    /// The receive still waiting, for a task to take the message when the future is dropped
+    /// first.
+    fn into_recv(self: Box<Self>) -> Option<RecvOp>;
 }
 
 impl<T, F: FnOnce(Message) -> Result<T, Error> + Send> Awaiting<T> for Receiving<F> {
@@ -58,15 +69,21 @@ impl<T, F: FnOnce(Message) -> Result<T, Error> + Send> Awaiting<T> for Receiving
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
             }
         }
-        Pin::new(&mut self.recv).poll(cx)
+        match &mut self.message {
+            Incoming::Waiting(recv) => Pin::new(recv).poll(cx),
+            Incoming::Here(message) => Poll::Ready(message.take().unwrap_or(Err(Error::Shutdown))),
+        }
     }
 
     fn finish(self: Box<Self>, message: Message) -> Result<T, Error> {
         (self.finish)(message)
     }
 
-    fn into_recv(self: Box<Self>) -> RecvOp {
-        self.recv
+    fn into_recv(self: Box<Self>) -> Option<RecvOp> {
+        match self.message {
+            Incoming::Waiting(recv) => Some(recv),
+            Incoming::Here(_) => None,
+        }
     }
 }
 
@@ -127,10 +144,42 @@ impl<T: Send + 'static> CollectiveOp<T> {
         recv: RecvOp,
         finish: impl FnOnce(Message) -> Result<T, Error> + Send + 'static,
     ) -> Self {
+        Self::awaiting(rank, send, Incoming::Waiting(recv), finish)
+    }
+
+    /// A collective whose whole remaining part is the exchange
+    /// ([`Communicator::collective_exchange`](rankweave_core::Communicator::collective_exchange))
+    /// that started as `sent` and `received`, then `finish` with the message. When the message
+    /// was already here and the send went out at once — the usual case for the later of two
+    /// ranks — it finishes at the call, with nothing boxed and no receive future.
+    pub(crate) fn exchanged(
+        rank: usize,
+        sent: SendOp,
+        received: ExchangeRecv,
+        finish: impl FnOnce(Message) -> Result<T, Error> + Send + 'static,
+    ) -> Self {
+        match received {
+            ExchangeRecv::Ready(message) if sent.is_complete() => {
+                Self::finished(rank, message.and_then(|m| finish_caught(rank, finish, m)))
+            }
+            ExchangeRecv::Ready(message) => {
+                Self::awaiting(rank, Some(sent), Incoming::Here(Some(message)), finish)
+            }
+            ExchangeRecv::Waiting(recv) => Self::receiving(rank, Some(sent), recv, finish),
+        }
+    }
+
+    /// [`receiving`](Self::receiving), with the message still to come or already here.
+    fn awaiting(
+        rank: usize,
+        send: Option<SendOp>,
+        message: Incoming,
+        finish: impl FnOnce(Message) -> Result<T, Error> + Send + 'static,
+    ) -> Self {
         let mut op = CollectiveOp {
             state: State::Receiving(Box::new(Receiving {
                 send: send.filter(|s| !s.is_complete()),
-                recv,
+                message,
                 finish,
             })),
             rank,
@@ -155,6 +204,16 @@ impl<T: Send + 'static> CollectiveOp<T> {
             rank,
         }
     }
+}
+
+/// `finish(message)`, a panic in it turned into an error.
+fn finish_caught<T>(
+    rank: usize,
+    finish: impl FnOnce(Message) -> Result<T, Error>,
+    message: Message,
+) -> Result<T, Error> {
+    std::panic::catch_unwind(AssertUnwindSafe(|| finish(message)))
+        .unwrap_or_else(|_| Err(panicked(rank)))
 }
 
 fn panicked(rank: usize) -> Error {
@@ -193,10 +252,7 @@ impl<T> Future for CollectiveOp<T> {
                 else {
                     return Poll::Ready(Err(Error::Shutdown));
                 };
-                Poll::Ready(message.and_then(|message| {
-                    std::panic::catch_unwind(AssertUnwindSafe(|| rest.finish(message)))
-                        .unwrap_or_else(|_| Err(panicked(this.rank)))
-                }))
+                Poll::Ready(message.and_then(|m| finish_caught(this.rank, |m| rest.finish(m), m)))
             }
         }
     }
@@ -209,8 +265,9 @@ impl<T> Drop for CollectiveOp<T> {
         if !matches!(self.state, State::Receiving(_)) {
             return;
         }
-        if let State::Receiving(rest) = std::mem::replace(&mut self.state, State::Ready(None)) {
-            let recv = rest.into_recv();
+        if let State::Receiving(rest) = std::mem::replace(&mut self.state, State::Ready(None))
+            && let Some(recv) = rest.into_recv()
+        {
             // (A pending send goes on by itself when its future is dropped.)
             if let Ok(handle) = tokio::runtime::Handle::try_current() {
                 drop(handle.spawn(async move {

@@ -1,7 +1,8 @@
 //! The two-rank case of allgather and alltoall: each rank sends the other one block and gets
 //! one back, and the result is the two blocks in rank order. The blocks go as they are (the
-//! only block a message can carry is its sender's), the send is made at the call, and what is
-//! left is one receive, made where the caller polls (see [`CollectiveOp::receiving`]).
+//! only block a message can carry is its sender's), send and receive start together at the
+//! call, and what is left, if the other block was not here yet, is that receive, made where
+//! the caller polls (see [`CollectiveOp::exchanged`]).
 
 use crate::ctx::{Ctx, concat_equal_blocks};
 use crate::{CollectiveOp, Element};
@@ -16,11 +17,11 @@ pub(crate) fn swap<T: Element>(
     count: usize,
 ) -> CollectiveOp<Vec<T>> {
     let (me, other) = (cx.rank, 1 - cx.rank);
-    // The send first (what the other rank waits for), then the receive.
-    let sent = cx.send_parts(other, &[bytemuck::cast_slice(theirs)]);
-    let recv = cx.comm.collective_recv(other, cx.tag);
+    let (sent, received) =
+        cx.comm
+            .collective_exchange(other, cx.tag, &[bytemuck::cast_slice(theirs)], other);
     let mine = bytemuck::cast_slice::<T, u8>(mine).to_vec();
-    CollectiveOp::receiving(me, Some(sent), recv, move |message| {
+    CollectiveOp::exchanged(me, sent, received, move |message| {
         let got = message.into_data();
         let blocks: [&[u8]; 2] = if me == 0 {
             [&mine, &got]

@@ -34,7 +34,7 @@ pub mod wire;
 
 pub use carrier::{Carrier, Datagram};
 pub use chaos::ChaosSpec;
-pub use comm::{Communicator, ProbeOp, RecvIntoOp, RecvOp, SendOp};
+pub use comm::{Communicator, ExchangeRecv, ProbeOp, RecvIntoOp, RecvOp, SendOp};
 pub use config::{
     Config, LONG_SPIN, ProgressPolicy, RouteSpec, SHORT_SPIN, ShmConfig, TransportKind,
 };

@@ -13,13 +13,13 @@ use crate::error::Error;
 use crate::matching::Selector;
 use crate::multicast::{GroupId, MulticastGroup, MulticastSetup};
 use crate::protocol::SendStart;
-use crate::runtime::{Driver, RankLife, SendData};
+use crate::runtime::{Driver, RankLife, RecvNow, SendData};
 use crate::stats::Stats;
 use crate::transport::Transport;
 use crate::types::{ContextId, MAX_TAG, Message, Payload, Source, Status, Tag};
 
 pub(crate) use group::Group;
-pub use ops::{ProbeOp, RecvIntoOp, RecvOp, SendOp};
+pub use ops::{ExchangeRecv, ProbeOp, RecvIntoOp, RecvOp, SendOp};
 
 /// The highest collective tags are never sequence numbers (see
 /// [`Communicator::next_collective`]): collective engines use them for their own packets.
@@ -525,6 +525,46 @@ impl Communicator {
     pub fn collective_send_parts(&self, dst: usize, tag: u32, parts: &[&[u8]]) -> SendOp {
         let data = SendData::Parts(parts);
         self.send_on(self.inner.context.collective(), dst, tag, data, false)
+    }
+
+    /// [`collective_send_parts`](Self::collective_send_parts) to `dst` and
+    /// [`collective_recv`](Self::collective_recv) from `src`, started together: a two-rank
+    /// collective's one exchange. The receive comes back [`ExchangeRecv::Ready`] when its
+    /// message was already here (the other rank was ahead): then no receive future is made at
+    /// all, which is most of what such a collective would otherwise cost.
+    pub fn collective_exchange(
+        &self,
+        dst: usize,
+        tag: u32,
+        parts: &[&[u8]],
+        src: usize,
+    ) -> (SendOp, ExchangeRecv) {
+        let context = self.inner.context.collective();
+        let (to, sel) = match (
+            self.check_rank(dst),
+            self.selector_on(context, Source::Rank(src), Tag::Value(tag), false),
+        ) {
+            (Ok(to), Ok(sel)) => (to, sel),
+            (Err(e), _) | (_, Err(e)) => {
+                return (SendOp::done(Err(e.clone())), ExchangeRecv::Ready(Err(e)));
+            }
+        };
+        let (sent, received) =
+            self.inner
+                .driver
+                .exchange(to, context, tag, SendData::Parts(parts), sel);
+        let sent = match sent {
+            Ok(SendStart::Complete) => SendOp::done(Ok(())),
+            Ok(SendStart::Pending(id)) => SendOp::pending(self.clone(), id),
+            Err(e) => SendOp::done(Err(self.local_error(e))),
+        };
+        let received = match received {
+            RecvNow::Done(r) => {
+                ExchangeRecv::Ready(r.map(|m| self.message(m)).map_err(|e| self.local_error(e)))
+            }
+            RecvNow::Pending(id) => ExchangeRecv::Waiting(RecvOp::pending(self.clone(), id)),
+        };
+        (sent, received)
     }
 
     /// Receives on this communicator's collective context (see

@@ -243,6 +243,16 @@ impl Drop for RecvOp {
     }
 }
 
+/// The receive of a [`collective_exchange`](Communicator::collective_exchange): finished at
+/// the call, or posted and waiting.
+#[derive(Debug)]
+pub enum ExchangeRecv {
+    /// Its message was already here (or the receive failed at once).
+    Ready(Result<Message, Error>),
+    /// Posted; the future resolves with the message.
+    Waiting(RecvOp),
+}
+
 /// A posted receive into a caller's buffer; resolves with the message's [`Status`].
 #[must_use = "the receive is posted; dropping the future withdraws it"]
 #[derive(Debug)]

@@ -20,7 +20,10 @@ use crate::config::{Config, ProgressPolicy};
 use crate::error::Error;
 use crate::error::TransportError;
 use crate::frame::{Envelope, Frame, Header};
-use crate::protocol::{Endpoint, EndpointConfig, Event, Received, RecvId, SendId, SendStart};
+use crate::matching::Selector;
+use crate::protocol::{
+    Endpoint, EndpointConfig, Event, Received, RecvId, RecvStart, SendId, SendStart,
+};
 use crate::spin_lock::{SpinLock, SpinLockGuard};
 use crate::stats::Stats;
 use crate::transport::{Arrival, Transport};
@@ -51,6 +54,15 @@ impl SendData<'_> {
             SendData::Parts(parts) => BufferPool::shared().concat(parts),
         }
     }
+}
+
+/// The receive of an [`exchange`](Driver::exchange) once it was started.
+#[derive(Debug)]
+pub(crate) enum RecvNow {
+    /// Finished at once: its message (or why it failed).
+    Done(Result<Received, Error>),
+    /// Posted; it finishes later.
+    Pending(RecvId),
 }
 
 /// What a parked future waits for.
@@ -254,26 +266,54 @@ impl Driver {
         tag: u32,
         data: SendData<'_>,
     ) -> Result<SendStart, Error> {
-        let mut wake = Vec::new();
-        let start = {
-            let mut st = self.lock();
-            let start = match st.endpoint.start_eager(to, context, tag, data.len()) {
-                Ok(Some(envelope)) => {
-                    if self.transmit_eager(&mut st, to, envelope, data) {
-                        // Nothing queued, nothing finished: no flush, nobody to wake.
-                        return Ok(SendStart::Complete);
-                    }
-                    // The peer is lost: receives waiting for it fail (the flush wakes them).
-                    Ok(SendStart::Complete)
-                }
-                Ok(None) => st.endpoint.post_send(to, context, tag, data.into_bytes()),
-                Err(e) => Err(e),
+        self.run(|d, st, _| d.start_send(st, to, context, tag, data))
+    }
+
+    /// A send and a receive started together, under one lock: a two-rank collective's one
+    /// exchange. The send starts as [`post_send`](Self::post_send) starts it; the receive for
+    /// `sel` is posted and, if its message is already the next thing from its sender (the
+    /// usual case when the other rank is ahead), taken at once, as a waiting future's first
+    /// look would take it — so such a receive needs no future at all.
+    pub(crate) fn exchange(
+        &self,
+        to: u32,
+        context: ContextId,
+        tag: u32,
+        data: SendData<'_>,
+        sel: Selector,
+    ) -> (Result<SendStart, Error>, RecvNow) {
+        self.run(|d, st, _| {
+            let sent = d.start_send(st, to, context, tag, data);
+            let received = match st.endpoint.start_recv(sel, None) {
+                RecvStart::Matched(m) => RecvNow::Done(Ok(m.received)),
+                RecvStart::Failed(e) => RecvNow::Done(Err(e)),
+                RecvStart::Pending(id) => match d.take_recv(st, id) {
+                    Some(r) => RecvNow::Done(r),
+                    None => RecvNow::Pending(id),
+                },
             };
-            self.flush(&mut st, &mut wake);
-            start
-        };
-        wake.into_iter().for_each(Waker::wake);
-        start
+            (sent, received)
+        })
+    }
+
+    /// Starts a send on the locked state (see [`post_send`](Self::post_send)).
+    fn start_send(
+        &self,
+        st: &mut DriverState,
+        to: u32,
+        context: ContextId,
+        tag: u32,
+        data: SendData<'_>,
+    ) -> Result<SendStart, Error> {
+        match st.endpoint.start_eager(to, context, tag, data.len()) {
+            Ok(Some(envelope)) => {
+                // If the peer is lost, receives waiting for it fail (the flush wakes them).
+                self.transmit_eager(st, to, envelope, data);
+                Ok(SendStart::Complete)
+            }
+            Ok(None) => st.endpoint.post_send(to, context, tag, data.into_bytes()),
+            Err(e) => Err(e),
+        }
     }
 
     /// Hands the eager message `envelope` with payload `data` to the transport: written in

@@ -6,4 +6,4 @@
 pub(crate) mod driver;
 mod shutdown;
 
-pub(crate) use driver::{Driver, RankLife, SendData, Wait, Waiting};
+pub(crate) use driver::{Driver, RankLife, RecvNow, SendData, Wait, Waiting};

@@ -549,3 +549,34 @@ async fn rings_are_mapped_in_as_pairs_connect_while_the_budget_lasts() {
     assert!(mapped_in(t[1].rank.own.base_addr()) < budget);
     assert!(mapped_in(t[0].rank.peer(1).unwrap().segment.base_addr()) < budget);
 }
+
+/// A two-rank exchange (`Communicator::collective_exchange`) whose message is already first in
+/// its ring is finished at the call: the later rank takes it in place, with no receive future.
+/// The earlier rank's receive waits and then gets the later one's message; bad ranks fail both
+/// halves at once.
+#[tokio::test]
+async fn an_exchange_takes_a_message_already_in_the_ring_at_the_call() {
+    use rankweave_core::ExchangeRecv;
+    let comms = world(2, &Config::default()).unwrap();
+    let (sent1, early) = comms[1].collective_exchange(0, 5, &[b"from 1"], 0);
+    let ExchangeRecv::Waiting(early) = early else {
+        panic!("rank 0 has sent nothing yet: {early:?}");
+    };
+    let (sent0, late) = comms[0].collective_exchange(1, 5, &[b"from ", b"0"], 1);
+    assert!(sent0.is_complete() && sent1.is_complete());
+    match late {
+        ExchangeRecv::Ready(Ok(m)) => assert_eq!((m.source(), &m.data()[..]), (1, &b"from 1"[..])),
+        other => panic!("rank 1's message was in the ring: {other:?}"),
+    }
+    let m = early.await.unwrap();
+    assert_eq!((m.source(), &m.data()[..]), (0, &b"from 0"[..]));
+    let (sent, bad) = comms[0].collective_exchange(2, 6, &[], 1);
+    assert!(matches!(
+        bad,
+        ExchangeRecv::Ready(Err(Error::InvalidRank { rank: 2, size: 2 }))
+    ));
+    assert!(matches!(
+        sent.await,
+        Err(Error::InvalidRank { rank: 2, size: 2 })
+    ));
+}
