@@ -411,6 +411,7 @@ impl Endpoint {
     /// a queued frame) — without the payload ever reaching the endpoint, so a payload made of
     /// borrowed pieces needs no buffer of its own. `Ok(None)`: not this case, nothing changed;
     /// start the send with [`post_send`](Self::post_send).
+    #[inline(always)]
     pub fn start_eager(
         &mut self,
         to: u32,
@@ -544,6 +545,7 @@ impl Endpoint {
 
     /// Posts a receive like [`post_recv`](Self::post_recv), and if a message is already there,
     /// takes it at once: no operation is left behind to poll.
+    #[inline(always)]
     pub fn start_recv(&mut self, sel: Selector, max_len: Option<usize>) -> RecvStart {
         if self.may_post_lone(&sel) {
             let id = self.lone_ids.fresh();
