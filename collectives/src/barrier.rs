@@ -1,12 +1,33 @@
-//! Dissemination barrier (Hensgen, Finkel and Manber): in round k every rank signals the rank
-//! 2^k ahead and waits for the one 2^k behind; after ⌈log₂ n⌉ rounds everyone has heard,
-//! directly or not, from everyone. Works for any n, no power of two needed.
+//! Barriers. Two algorithms, chosen by communicator size (see
+//! [`BarrierAlgorithm`](rankweave_core::tuning::BarrierAlgorithm)):
+//!
+//! - **Dissemination** (Hensgen, Finkel and Manber): in round k every rank signals the rank 2^k
+//!   ahead and waits for the one 2^k behind; after ⌈log₂ n⌉ rounds everyone has heard, directly
+//!   or not, from everyone. Works for any n, no power of two needed.
+//! - **Linear** (Open MPI's `basic_linear`, its choice for 4 to 7 ranks): every rank signals
+//!   rank 0 and waits for its release; rank 0 releases everyone once it has heard from all. Two
+//!   hops whatever n, and rank 0 leaves first: a broadcast it starts next is on its way before
+//!   the others are out, which on a host with more ranks than cores saves each of them a turn
+//!   of the scheduler. A rank other than 0 has one exchange with rank 0, so it needs no task.
+//!
+//! Two ranks make one exchange ([`pair`]), which is both.
 
 use bytes::Bytes;
+use rankweave_core::tuning::BarrierAlgorithm;
 use rankweave_core::{Communicator, Error};
 
 use crate::CollectiveOp;
 use crate::ctx::Ctx;
+
+/// The algorithm for a communicator of `size` ranks (more than 2).
+pub(crate) fn choose(comm: &Communicator, size: usize) -> BarrierAlgorithm {
+    let tuning = &comm.config().collectives;
+    tuning.barrier.unwrap_or(if size <= tuning.flat_max {
+        BarrierAlgorithm::Linear
+    } else {
+        BarrierAlgorithm::Dissemination
+    })
+}
 
 pub(crate) async fn dissemination(cx: Ctx) -> Result<(), Error> {
     let (n, me) = (cx.size, cx.rank);
@@ -19,6 +40,32 @@ pub(crate) async fn dissemination(cx: Ctx) -> Result<(), Error> {
         cx.send(to, Bytes::new()).await?;
         recv.await?;
         step *= 2;
+    }
+    Ok(())
+}
+
+/// A rank other than 0 in the linear barrier: its signal to rank 0 goes out at the call, and
+/// what is left is rank 0's release (already here if rank 0 was waiting for this rank last).
+pub(crate) fn linear_leaf(comm: &Communicator) -> CollectiveOp<()> {
+    let (me, tag) = (comm.rank(), comm.next_collective());
+    let (sent, released) = comm.collective_exchange(0, tag, &[], 0);
+    CollectiveOp::exchanged(me, sent, released, |_| Ok(()))
+}
+
+/// Rank 0 in the linear barrier: hears from every other rank, then releases them all.
+pub(crate) async fn linear_root(cx: Ctx) -> Result<(), Error> {
+    // Every receive is posted before the first wait, so arrivals in any order match at once.
+    let arrivals: Vec<_> = (1..cx.size)
+        .map(|r| cx.comm.collective_recv(r, cx.tag))
+        .collect();
+    for arrival in arrivals {
+        arrival.await?;
+    }
+    // Every release goes out before any is waited for: one slow rank does not hold up the
+    // others' (an eager send of nothing is complete at once anyway).
+    let releases: Vec<_> = (1..cx.size).map(|r| cx.send(r, Bytes::new())).collect();
+    for release in releases {
+        release.await?;
     }
     Ok(())
 }

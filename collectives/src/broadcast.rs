@@ -3,17 +3,22 @@
 //! Only the root knows the data and its length, so the root alone picks the algorithm (the
 //! `bcast` override; else binomial on fewer than `bcast_min_ranks` ranks (8; always on 2) or
 //! below `bcast_large` bytes, scatter + allgather below `bcast_chain`, chain above) and tells
-//! the others. Every non-root first receives one
-//! message from its binomial-tree parent starting with a 16-byte header: byte 0 the algorithm
-//! (0 binomial, 1 scatter + allgather, 2 chain), byte 1 a flag (1: a binomial broadcast's data
-//! follows in a message of its own), bytes 2..8 zero, bytes 8..16 the total length (u64 LE). It
-//! forwards that message unchanged to its own children, so ranks never disagree.
+//! the others. Every non-root first receives one message starting with a 16-byte header: byte 0
+//! the algorithm (0 binomial, 1 scatter + allgather, 2 chain), byte 1 where a binomial
+//! broadcast's data is (0: after the header, 1: in a message of its own down the tree, 2: in a
+//! message of its own straight from the root), bytes 2..8 zero, bytes 8..16 the total length
+//! (u64 LE). On up to `flat_max` ranks (7) that message comes from the root itself, which sends
+//! it to every rank (a *flat* fan-out: one hop, no rank waits for another to forward); on more
+//! it comes from the rank's binomial-tree parent, and each rank forwards it unchanged to its own
+//! children, so ranks never disagree.
 //!
-//! - **Binomial tree**: ⌈log₂ n⌉ rounds of the whole message. Below [`SEPARATE_FROM`] bytes the
-//!   data follows the header in the same message (one message per edge); from there it is a
-//!   second message, the caller's `Bytes` sent as they are: copying a large payload behind a
-//!   header would cost more than the extra small message (and a rendezvous send reads it in
-//!   place). Best when latency dominates.
+//! - **Binomial tree**: ⌈log₂ n⌉ rounds of the whole message (one round when flat). Below
+//!   [`SEPARATE_FROM`] bytes the data follows the header in the same message (one message per
+//!   edge); from there it is a second message, the caller's `Bytes` sent as they are: copying a
+//!   large payload behind a header would cost more than the extra small message (and a
+//!   rendezvous send reads it in place). When flat, that message too comes from the root below
+//!   [`FLAT_BODY_BELOW`] bytes, and goes down the tree from there (where the root's sending it
+//!   n − 1 times would cost more than the tree's extra rounds). Best when latency dominates.
 //! - **Scatter + allgather** (van de Geijn): the message is cut into n nearly equal blocks by
 //!   relative rank, scattered down the binomial tree (each subtree gets its contiguous range),
 //!   then a ring allgather gives every rank every block: about twice the message per rank
@@ -39,6 +44,10 @@ const HEADER_LEN: usize = 16;
 const MAX_LEN: u64 = 1 << 40;
 /// From this many bytes a binomial broadcast sends its data apart from the header.
 pub const SEPARATE_FROM: usize = 16 * 1024;
+/// Below this many bytes a flat broadcast's data apart from the header comes from the root too
+/// (4 ranks on 2 cores, interleaved: 0.35-0.5x the tree's time at 16 to 64 KiB, even at
+/// 128 KiB, 1.25-1.3x from 256 KiB).
+pub const FLAT_BODY_BELOW: usize = 128 * 1024;
 /// Segments of the chain a rank keeps in flight (sends, and receives posted ahead).
 const CHAIN_WINDOW: usize = 4;
 
@@ -47,21 +56,19 @@ pub(crate) async fn run(cx: Ctx, root: usize, data: Bytes) -> Result<Bytes, Erro
         return Ok(data);
     }
     let tree = BinomialTree::new(&cx, root);
-    // The root knows its header; the others read it from their parent's message.
-    let (mut message, data, known) = match tree.parent() {
+    let fan = Fanout::of(&cx, &tree);
+    // The root knows its header; the others read it from the message that reaches them first.
+    let (mut message, data, known) = match fan.from {
         None => {
-            let header = Header::new(choose(&cx, data.len()), data.len());
+            let header = Header::new(choose(&cx, data.len()), data.len(), fan.flat);
             (header.message(&data), Some(data), Some(header))
         }
-        Some(parent) => (cx.recv(parent).await?, None, None),
+        Some(from) => (cx.recv(from).await?, None, None),
     };
     // Forwarded before it is decoded: a malformed header fails every rank below too, instead
     // of leaving them waiting for a message that would never come.
-    let mut sends = send_down(&cx, &tree, &mut message, known.is_some());
-    let header = known.map_or_else(
-        || Header::decode(tree.parent().unwrap_or(root), &message),
-        Ok,
-    );
+    let mut sends = send_down(&cx, fan.to(&tree), &mut message, known.is_some());
+    let header = known.map_or_else(|| Header::decode(fan.from.unwrap_or(root), &message), Ok);
     let header = match header {
         Ok(header) => header,
         Err(e) => {
@@ -72,7 +79,14 @@ pub(crate) async fn run(cx: Ctx, root: usize, data: Bytes) -> Result<Bytes, Erro
     let len = header.len;
     let result = match header.algorithm {
         BcastAlgorithm::Binomial if header.separate => {
-            let body = match (data, tree.parent()) {
+            // Down the tree, or straight from the root (`Fanout::flat` with every rank a child
+            // of the root).
+            let body_fan = if header.from_root {
+                Fanout::flat(&tree)
+            } else {
+                Fanout::tree(&tree)
+            };
+            let body = match (data, body_fan.from) {
                 (Some(data), _) => Ok(data),
                 (None, Some(parent)) => cx.recv(parent).await,
                 // Cannot happen: the root has the data, every other rank a parent.
@@ -86,10 +100,10 @@ pub(crate) async fn run(cx: Ctx, root: usize, data: Bytes) -> Result<Bytes, Erro
             // them checks it too. If none came here (the parent failed), an empty one: it
             // fails their check, as the announced length is never 0 with data apart.
             let forwarded = body.as_ref().map_or_else(|_| Bytes::new(), Bytes::clone);
-            for child in tree.children() {
-                keep_pending(&mut sends, cx.send(child.rank, forwarded.clone()));
+            for child in body_fan.to(&tree) {
+                keep_pending(&mut sends, cx.send(child, forwarded.clone()));
             }
-            body.and_then(|body| check_body(tree.parent().unwrap_or(root), body, len))
+            body.and_then(|body| check_body(body_fan.from.unwrap_or(root), body, len))
         }
         BcastAlgorithm::Binomial => Ok(data.unwrap_or_else(|| {
             // Advanced past the header rather than sliced: a slice would turn the received
@@ -122,18 +136,19 @@ pub(crate) async fn run(cx: Ctx, root: usize, data: Bytes) -> Result<Bytes, Erro
 /// as cheap as its sends. `Err(data)` when this broadcast is not one (another algorithm, or the
 /// data apart from the header): the caller runs it as usual.
 pub(crate) fn root_at_once(cx: &Ctx, data: Bytes) -> Result<CollectiveOp<Bytes>, Bytes> {
-    let header = Header::new(choose(cx, data.len()), data.len());
+    let tree = BinomialTree::new(cx, cx.rank);
+    let fan = Fanout::of(cx, &tree);
+    let header = Header::new(choose(cx, data.len()), data.len(), fan.flat);
     if header.algorithm != BcastAlgorithm::Binomial || header.separate {
         return Err(data);
     }
-    let tree = BinomialTree::new(cx, cx.rank);
     // Header and data go as borrowed pieces: into the ring straight from here when a send
     // goes out at once, with no message buffer built for it.
     let head = header.encode();
     let body: &[u8] = if header.carries_data() { &data } else { &[] };
     let mut sends = Vec::new();
-    for child in tree.children() {
-        keep_pending(&mut sends, cx.send_parts(child.rank, &[&head, body]));
+    for child in fan.to(&tree) {
+        keep_pending(&mut sends, cx.send_parts(child, &[&head, body]));
     }
     if sends.is_empty() {
         return Ok(CollectiveOp::finished(cx.rank, Ok(data)));
@@ -144,20 +159,68 @@ pub(crate) fn root_at_once(cx: &Ctx, data: Bytes) -> Result<CollectiveOp<Bytes>,
     }))
 }
 
-/// Sends `message` to this rank's children in `tree`; returns the sends still pending (those
-/// that went out eagerly are not kept: nothing to wait for, and no vector to allocate). With
-/// `give_last` (the root, which has its data apart) the last child gets `message` itself
-/// instead of a clone, and `message` is left empty.
-fn send_down(cx: &Ctx, tree: &BinomialTree, message: &mut Bytes, give_last: bool) -> Vec<SendOp> {
+/// Where a rank's first message of a broadcast comes from and whom it passes it on to: the
+/// root straight to every rank (flat, on up to `flat_max` ranks), or down the binomial tree.
+#[derive(Clone, Copy, Debug)]
+struct Fanout {
+    flat: bool,
+    /// `None` at the root.
+    from: Option<usize>,
+}
+
+impl Fanout {
+    /// The fan-out of a broadcast's header on this communicator.
+    fn of(cx: &Ctx, tree: &BinomialTree) -> Fanout {
+        if cx.size <= cx.comm.config().collectives.flat_max {
+            Fanout::flat(tree)
+        } else {
+            Fanout::tree(tree)
+        }
+    }
+
+    fn flat(tree: &BinomialTree) -> Fanout {
+        Fanout {
+            flat: true,
+            from: tree.parent().map(|_| tree.root),
+        }
+    }
+
+    fn tree(tree: &BinomialTree) -> Fanout {
+        Fanout {
+            flat: false,
+            from: tree.parent(),
+        }
+    }
+
+    /// The ranks this one sends to: every other rank from a flat root, none from a flat
+    /// non-root, the tree children otherwise.
+    fn to(self, tree: &BinomialTree) -> impl Iterator<Item = usize> + '_ {
+        let flat_root = self.flat && self.from.is_none();
+        let everyone = (1..if flat_root { tree.n } else { 1 }).map(|r| tree.absolute(r));
+        let children = tree.children().take_while(move |_| !self.flat);
+        everyone.chain(children.map(|c| c.rank))
+    }
+}
+
+/// Sends `message` to `targets`; returns the sends still pending (those that went out eagerly
+/// are not kept: nothing to wait for, and no vector to allocate). With `give_last` (the root,
+/// which has its data apart) the last target gets `message` itself instead of a clone, and
+/// `message` is left empty.
+fn send_down(
+    cx: &Ctx,
+    targets: impl Iterator<Item = usize>,
+    message: &mut Bytes,
+    give_last: bool,
+) -> Vec<SendOp> {
     let mut sends = Vec::new();
-    let mut children = tree.children().peekable();
-    while let Some(child) = children.next() {
-        let payload = if give_last && children.peek().is_none() {
+    let mut targets = targets.peekable();
+    while let Some(target) = targets.next() {
+        let payload = if give_last && targets.peek().is_none() {
             std::mem::take(message)
         } else {
             message.clone()
         };
-        keep_pending(&mut sends, cx.send(child.rank, payload));
+        keep_pending(&mut sends, cx.send(target, payload));
     }
     sends
 }
@@ -213,14 +276,19 @@ struct Header {
     len: usize,
     /// A binomial broadcast's data comes in a message of its own.
     separate: bool,
+    /// ... and that message comes straight from the root, not down the tree.
+    from_root: bool,
 }
 
 impl Header {
-    fn new(algorithm: BcastAlgorithm, len: usize) -> Header {
+    /// The header of a broadcast of `len` bytes whose header fans out `flat` or not.
+    fn new(algorithm: BcastAlgorithm, len: usize, flat: bool) -> Header {
+        let separate = algorithm == BcastAlgorithm::Binomial && len >= SEPARATE_FROM;
         Header {
             algorithm,
             len,
-            separate: algorithm == BcastAlgorithm::Binomial && len >= SEPARATE_FROM,
+            separate,
+            from_root: separate && flat && len < FLAT_BODY_BELOW,
         }
     }
 
@@ -235,7 +303,11 @@ impl Header {
     fn encode(&self) -> [u8; HEADER_LEN] {
         let mut header = [0u8; HEADER_LEN];
         header[0] = algorithm_id(self.algorithm);
-        header[1] = u8::from(self.separate);
+        header[1] = match (self.separate, self.from_root) {
+            (false, _) => 0,
+            (true, false) => 1,
+            (true, true) => 2,
+        };
         header[8..].copy_from_slice(&(self.len as u64).to_le_bytes());
         header
     }
@@ -262,9 +334,10 @@ impl Header {
             2 => BcastAlgorithm::Chain,
             id => return Err(bad(format!("unknown algorithm {id}"))),
         };
-        let separate = match message[1] {
-            0 => false,
-            1 if algorithm == BcastAlgorithm::Binomial => true,
+        let (separate, from_root) = match message[1] {
+            0 => (false, false),
+            1 if algorithm == BcastAlgorithm::Binomial => (true, false),
+            2 if algorithm == BcastAlgorithm::Binomial => (true, true),
             flag => return Err(bad(format!("flag {flag} with algorithm {}", message[0]))),
         };
         if message[2..8].iter().any(|&b| b != 0) {
@@ -286,6 +359,7 @@ impl Header {
             algorithm,
             len,
             separate,
+            from_root,
         };
         let body = message.len() - HEADER_LEN;
         let expected_body = if header.carries_data() { len } else { 0 };
@@ -515,11 +589,11 @@ mod tests {
     #[test]
     fn headers_round_trip_and_reject_garbage() {
         let data = Bytes::from_static(b"hello");
-        let binomial = Header::new(BcastAlgorithm::Binomial, 5);
+        let binomial = Header::new(BcastAlgorithm::Binomial, 5, false);
         let m = binomial.message(&data);
         assert_eq!(&m[HEADER_LEN..], b"hello");
         assert_eq!(Header::decode(3, &m).unwrap(), binomial);
-        let chain = Header::new(BcastAlgorithm::Chain, 5);
+        let chain = Header::new(BcastAlgorithm::Chain, 5, true);
         let m = chain.message(&data);
         assert_eq!(m.len(), HEADER_LEN);
         assert_eq!(Header::decode(3, &m).unwrap(), chain);
@@ -538,11 +612,22 @@ mod tests {
         assert!(Header::decode(3, &Bytes::from(long)).is_err());
         // A large binomial broadcast announces its data apart: the header travels alone.
         let big = Bytes::from(vec![1u8; SEPARATE_FROM]);
-        let apart = Header::new(BcastAlgorithm::Binomial, big.len());
-        assert!(apart.separate);
+        let apart = Header::new(BcastAlgorithm::Binomial, big.len(), false);
+        assert!(apart.separate && !apart.from_root);
         let m = apart.message(&big);
         assert_eq!(m.len(), HEADER_LEN);
         assert_eq!(Header::decode(3, &m).unwrap(), apart);
+        // Flat, it says the data comes from the root too, below `FLAT_BODY_BELOW` bytes.
+        let flat = Header::new(BcastAlgorithm::Binomial, big.len(), true);
+        assert!(flat.separate && flat.from_root);
+        assert_eq!(Header::decode(3, &flat.message(&big)).unwrap(), flat);
+        let flat_large = Header::new(BcastAlgorithm::Binomial, FLAT_BODY_BELOW, true);
+        assert!(flat_large.separate && !flat_large.from_root);
+        // Small data travels behind the header whatever the fan-out.
+        assert!(!Header::new(BcastAlgorithm::Binomial, 5, true).separate);
+        let mut bad = flat.message(&big).to_vec();
+        bad[1] = 3;
+        assert!(Header::decode(3, &Bytes::from(bad)).is_err());
     }
 
     #[test]

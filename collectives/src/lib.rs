@@ -26,8 +26,8 @@
 //!
 //! | collective | algorithms |
 //! |---|---|
-//! | barrier | dissemination |
-//! | broadcast | binomial tree (small), scatter + ring allgather (large), pipelined chain (very large); on request two-stage multicast or LA-MPI channels ([`mcast`]) |
+//! | barrier | linear (up to `flat_max` ranks, default 7), dissemination |
+//! | broadcast | flat (up to `flat_max` ranks) or binomial tree (small), scatter + ring allgather (large), pipelined chain (very large); on request two-stage multicast or LA-MPI channels ([`mcast`]) |
 //! | reduce | binomial tree (order-preserving for non-commutative operations) |
 //! | all_reduce | recursive doubling (small), Rabenseifner (large), ring |
 //! | gather(v), scatter(v) | binomial tree |
@@ -57,9 +57,10 @@ mod tree;
 
 use bytemuck::Pod;
 use bytes::Bytes;
-use rankweave_core::tuning::AlltoallAlgorithm;
+use rankweave_core::tuning::{AlltoallAlgorithm, BarrierAlgorithm};
 use rankweave_core::{Communicator, Error, Payload};
 
+pub use broadcast::{FLAT_BODY_BELOW, SEPARATE_FROM};
 pub use mcast::BcastStats;
 pub use op::{Op, ReduceOp, Reducible, UserOp};
 pub use started::CollectiveOp;
@@ -102,7 +103,8 @@ where
 
 /// Collective operations on a communicator (see the [crate docs](crate)).
 pub trait Collectives {
-    /// Waits until every rank of the communicator has entered the barrier (dissemination:
+    /// Waits until every rank of the communicator has entered the barrier (linear on up to
+    /// `flat_max` ranks: every rank signals rank 0, which releases them; dissemination above:
     /// ⌈log₂ n⌉ rounds of one send and one receive).
     fn barrier(&self) -> CollectiveOp<()>;
 
@@ -185,7 +187,11 @@ impl Collectives for Communicator {
         if self.size() == 2 {
             return barrier::pair(self);
         }
-        start(self, Ok(()), barrier::dissemination)
+        match (barrier::choose(self, self.size()), self.rank()) {
+            (BarrierAlgorithm::Linear, 0) => start(self, Ok(()), barrier::linear_root),
+            (BarrierAlgorithm::Linear, _) => barrier::linear_leaf(self),
+            (BarrierAlgorithm::Dissemination, _) => start(self, Ok(()), barrier::dissemination),
+        }
     }
 
     fn broadcast(&self, root: usize, data: impl Payload) -> CollectiveOp<Bytes> {

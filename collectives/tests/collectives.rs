@@ -6,10 +6,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use rankweave_collectives::Collectives;
-use rankweave_core::Error;
+use rankweave_core::tuning::BarrierAlgorithm;
+use rankweave_core::{Config, Error};
 
 mod common;
-use common::job;
+use common::{job, job_with};
 
 fn pattern(len: usize, seed: u8) -> Bytes {
     (0..len)
@@ -35,6 +36,45 @@ async fn barrier_holds_every_rank_until_all_arrive() {
         .await;
         for (rank, s) in seen.into_iter().enumerate() {
             assert_eq!(s.unwrap(), n, "rank {rank} of {n} left the barrier early");
+        }
+    }
+}
+
+/// Both barrier algorithms at every size they may see: linear (the default up to 7 ranks)
+/// and dissemination (the default above), each forced over the other's range too; rounds
+/// after rounds, so that a rank released early by a stale message would show.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn barrier_by_either_algorithm_holds_every_rank() {
+    for algorithm in [BarrierAlgorithm::Linear, BarrierAlgorithm::Dissemination] {
+        let mut config = Config::default();
+        config.collectives.barrier = Some(algorithm);
+        for n in [3, 4, 7, 8, 13] {
+            let arrived = Arc::new(AtomicUsize::new(0));
+            let seen = job_with(n, &config, move |comm| {
+                let arrived = Arc::clone(&arrived);
+                async move {
+                    let mut seen = Vec::new();
+                    for round in 1..=5 {
+                        // A different rank is late in each round.
+                        if comm.rank() == round % comm.size() {
+                            tokio::time::sleep(Duration::from_millis(2)).await;
+                        }
+                        arrived.fetch_add(1, Ordering::SeqCst);
+                        comm.barrier().await?;
+                        seen.push(arrived.load(Ordering::SeqCst) >= round * comm.size());
+                        // Nobody may enter the next round before everyone has looked.
+                        comm.barrier().await?;
+                    }
+                    Ok::<_, Error>(seen)
+                }
+            })
+            .await;
+            for (rank, s) in seen.into_iter().enumerate() {
+                assert!(
+                    s.unwrap().into_iter().all(|ok| ok),
+                    "{algorithm:?}: rank {rank} of {n} left a barrier early"
+                );
+            }
         }
     }
 }

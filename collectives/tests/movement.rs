@@ -137,6 +137,28 @@ async fn broadcast_by_every_algorithm_from_every_root() {
     }
 }
 
+/// The two fan-outs of a broadcast's first message — from the root to everyone (flat) and down
+/// the binomial tree — at every size, with data after the header, apart down the tree and
+/// apart straight from the root (`FLAT_BODY_BELOW`), eager and rendezvous.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broadcast_fans_out_flat_or_down_the_tree() {
+    use rankweave_collectives::{FLAT_BODY_BELOW, SEPARATE_FROM};
+    for flat_max in [0, 64] {
+        let config = tuned(|t| t.flat_max = flat_max);
+        for n in (1..=9).chain([17]) {
+            let lens = [
+                0,
+                1,
+                300,
+                SEPARATE_FROM,
+                FLAT_BODY_BELOW - 1,
+                FLAT_BODY_BELOW + 3,
+            ];
+            check_broadcast(n, &config, vec![0, n / 2, n - 1], &lens).await;
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn broadcast_of_a_megabyte() {
     let mib = 1 << 20;

@@ -8,6 +8,8 @@
 //! | `RANKWEAVE_ALLREDUCE` | `auto`, `recursive_doubling`, `rabenseifner`, `ring` | `auto` |
 //! | `RANKWEAVE_ALLGATHER` | `auto`, `recursive_doubling`, `bruck`, `ring` | `auto` |
 //! | `RANKWEAVE_ALLTOALL` | `auto`, `bruck`, `pairwise` | `auto` |
+//! | `RANKWEAVE_BARRIER` | `auto`, `dissemination`, `linear` | `auto` |
+//! | `RANKWEAVE_FLAT_MAX` | ranks | 7: on 3 to this many ranks the barrier is linear and broadcasts go from the root to every rank directly |
 //! | `RANKWEAVE_BCAST_LARGE` | bytes | 12 KiB: scatter + allgather from here (on more than 2 ranks) |
 //! | `RANKWEAVE_BCAST_CHAIN` | bytes | 4 MiB: pipelined chain from here |
 //! | `RANKWEAVE_ALLREDUCE_LARGE` | bytes | 64 KiB: reduce-scatter + allgather from here |
@@ -37,6 +39,18 @@ pub enum BcastAlgorithm {
     /// broadcast channels, returning once buffered; ACKs combined along a tree when channels
     /// run out; NACKs force resends; fail-over to point-to-point.
     Channels,
+}
+
+/// Barrier algorithms (two ranks always make one exchange, which is both).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BarrierAlgorithm {
+    /// Dissemination (Hensgen, Finkel and Manber): ⌈log₂ n⌉ rounds in which every rank
+    /// signals the rank 2^k ahead. Every rank leaves at about the same time.
+    Dissemination,
+    /// Linear (Open MPI's choice for 4 to 7 ranks): every rank signals rank 0, which releases
+    /// them all. Two hops whatever `n`, and rank 0 leaves first, so a broadcast from it that
+    /// follows is already on its way when the others leave.
+    Linear,
 }
 
 /// Allreduce algorithms.
@@ -77,6 +91,16 @@ pub enum AlltoallAlgorithm {
 pub struct CollectiveTuning {
     /// `RANKWEAVE_BCAST`.
     pub bcast: Option<BcastAlgorithm>,
+    /// `RANKWEAVE_BARRIER`.
+    pub barrier: Option<BarrierAlgorithm>,
+    /// `RANKWEAVE_FLAT_MAX`: on 3 to this many ranks (default 7, as Open MPI) the automatic
+    /// barrier is [linear](BarrierAlgorithm::Linear) and a broadcast goes from the root to
+    /// every rank directly instead of down a binomial tree (its data too below 128 KiB). With
+    /// so few ranks a tree saves little, and each forwarding rank is one more that must be
+    /// running for the others to finish — on a host with more ranks than cores, a scheduler
+    /// time slice. Every rank of a communicator must use the same value (a rank's first
+    /// broadcast message comes from the root or from its tree parent by it).
+    pub flat_max: usize,
     /// `RANKWEAVE_ALLREDUCE`.
     pub allreduce: Option<AllreduceAlgorithm>,
     /// `RANKWEAVE_ALLGATHER`.
@@ -110,6 +134,8 @@ impl Default for CollectiveTuning {
     fn default() -> Self {
         CollectiveTuning {
             bcast: None,
+            barrier: None,
+            flat_max: 7,
             allreduce: None,
             allgather: None,
             alltoall: None,
@@ -167,6 +193,16 @@ impl CollectiveTuning {
                 ],
             )?;
         }
+        if let Some(v) = get("RANKWEAVE_BARRIER") {
+            self.barrier = choice(
+                "RANKWEAVE_BARRIER",
+                &v,
+                &[
+                    ("dissemination", BarrierAlgorithm::Dissemination),
+                    ("linear", BarrierAlgorithm::Linear),
+                ],
+            )?;
+        }
         if let Some(v) = get("RANKWEAVE_ALLREDUCE") {
             self.allreduce = choice(
                 "RANKWEAVE_ALLREDUCE",
@@ -213,6 +249,9 @@ impl CollectiveTuning {
             self.bcast_min_ranks =
                 parse_number("RANKWEAVE_BCAST_MIN_RANKS", &v, 1, u32::MAX.into())? as usize;
         }
+        if let Some(v) = get("RANKWEAVE_FLAT_MAX") {
+            self.flat_max = parse_number("RANKWEAVE_FLAT_MAX", &v, 0, u32::MAX.into())? as usize;
+        }
         if self.segment == 0 {
             return Err(ConfigError {
                 variable: "RANKWEAVE_SEGMENT".into(),
@@ -248,8 +287,13 @@ mod tests {
             ("RANKWEAVE_ALLREDUCE_LARGE", "1M"),
             ("RANKWEAVE_SEGMENT", "8k"),
             ("RANKWEAVE_BCAST_MIN_RANKS", "4"),
+            ("RANKWEAVE_BARRIER", "Linear"),
+            ("RANKWEAVE_FLAT_MAX", "0"),
         ])
         .unwrap();
+        assert_eq!(t.barrier, Some(BarrierAlgorithm::Linear));
+        assert_eq!(t.flat_max, 0);
+        assert_eq!(CollectiveTuning::default().flat_max, 7);
         assert_eq!(t.bcast_min_ranks, 4);
         assert_eq!(CollectiveTuning::default().bcast_min_ranks, 8);
         assert_eq!(t.bcast, Some(BcastAlgorithm::ScatterAllgather));
@@ -269,6 +313,10 @@ mod tests {
         assert_eq!(e.variable, "RANKWEAVE_SEGMENT");
         let e = with(&[("RANKWEAVE_BCAST_MIN_RANKS", "0")]).unwrap_err();
         assert_eq!(e.variable, "RANKWEAVE_BCAST_MIN_RANKS");
+        let e = with(&[("RANKWEAVE_BARRIER", "tree")]).unwrap_err();
+        assert!(e.expected.contains("linear"), "{}", e.expected);
+        let e = with(&[("RANKWEAVE_FLAT_MAX", "-1")]).unwrap_err();
+        assert_eq!(e.variable, "RANKWEAVE_FLAT_MAX");
         let e = with(&[("RANKWEAVE_ALLTOALL_LARGE", "lots")]).unwrap_err();
         assert_eq!(e.variable, "RANKWEAVE_ALLTOALL_LARGE");
     }
