@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use rankweave_collectives::{Collectives, Op, UserOp};
-use rankweave_core::tuning::BcastAlgorithm;
+use rankweave_core::tuning::{BarrierAlgorithm, BcastAlgorithm};
 use rankweave_core::{Config, Error};
 
 mod common;
@@ -18,6 +18,8 @@ use common::{job_with, job_within};
 async fn a_late_poller_does_not_hold_up_its_subtree() {
     let mut config = Config::default();
     config.collectives.bcast = Some(BcastAlgorithm::Binomial);
+    // A tree, not the flat fan-out 4 ranks would get by default (where nobody forwards).
+    config.collectives.flat_max = 0;
     let late = Duration::from_millis(1500);
     let times = job_with(4, &config, move |comm| async move {
         let t0 = Instant::now();
@@ -42,6 +44,31 @@ async fn a_late_poller_does_not_hold_up_its_subtree() {
         "rank 3 waited {:?} for its late parent",
         times[3]
     );
+}
+
+/// The same for the linear barrier's rank 0, which releases the others: it enters the barrier
+/// and then does something else for a long time. The others must leave as soon as they have
+/// all arrived, not when rank 0 next looks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_polling_barrier_root_still_releases_the_others() {
+    let mut config = Config::default();
+    config.collectives.barrier = Some(BarrierAlgorithm::Linear);
+    let late = Duration::from_millis(1500);
+    let times = job_with(5, &config, move |comm| async move {
+        let t0 = Instant::now();
+        let op = comm.barrier();
+        if comm.rank() == 0 {
+            tokio::time::sleep(late).await; // not polling `op`
+        }
+        op.await?;
+        Ok::<_, Error>(t0.elapsed())
+    })
+    .await;
+    let times: Vec<Duration> = times.into_iter().map(Result::unwrap).collect();
+    assert!(times[0] >= late);
+    for (rank, t) in times.iter().enumerate().skip(1) {
+        assert!(*t < late / 3, "rank {rank} waited {t:?} for rank 0 to look");
+    }
 }
 
 /// Several collectives started before any is awaited, on the world, a duplicate of it and a
