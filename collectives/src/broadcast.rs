@@ -3,11 +3,15 @@
 //! Only the root knows the data and its length, so the root alone picks the algorithm (the
 //! `bcast` override; else binomial on fewer than `bcast_min_ranks` ranks (8; always on 2) or
 //! below `bcast_large` bytes, scatter + allgather below `bcast_chain`, chain above) and tells
-//! the others. Every non-root first receives one message starting with a 16-byte header: byte 0
-//! the algorithm (0 binomial, 1 scatter + allgather, 2 chain), byte 1 where a binomial
-//! broadcast's data is (0: after the header, 1: in a message of its own down the tree, 2: in a
-//! message of its own straight from the root), bytes 2..8 zero, bytes 8..16 the total length
-//! (u64 LE). On up to `flat_max` ranks (7) that message comes from the root itself, which sends
+//! the others. Every non-root first receives one message starting with a header. A binomial
+//! broadcast whose data follows the header in the same message has a one-byte header, 3, and
+//! its length is the rest of the message: a small broadcast's message then fits the first cache
+//! line of a shared-memory record (an 8-byte broadcast behind a 16-byte header did not, and a
+//! second line costs as much as the first). Otherwise the header has 16 bytes: byte 0 the
+//! algorithm (0 binomial, 1 scatter + allgather, 2 chain), byte 1 where a binomial broadcast's
+//! data is (1: in a message of its own down the tree, 2: in a message of its own straight from
+//! the root; 0 for the other algorithms), bytes 2..8 zero, bytes 8..16 the total length (u64
+//! LE). On up to `flat_max` ranks (7) that message comes from the root itself, which sends
 //! it to every rank (a *flat* fan-out: one hop, no rank waits for another to forward); on more
 //! it comes from the rank's binomial-tree parent, and each rank forwards it unchanged to its own
 //! children, so ranks never disagree.
@@ -39,7 +43,11 @@ use crate::CollectiveOp;
 use crate::ctx::{Ctx, await_all, keep_pending};
 use crate::tree::BinomialTree;
 
+/// Bytes of a full header.
 const HEADER_LEN: usize = 16;
+/// Byte 0 (and the whole header) of a binomial broadcast whose data follows in the same
+/// message.
+const COMPACT: u8 = 3;
 /// Longest broadcast a header may announce (1 TiB); more is a corrupt header.
 const MAX_LEN: u64 = 1 << 40;
 /// From this many bytes a binomial broadcast sends its data apart from the header.
@@ -110,7 +118,7 @@ pub(crate) async fn run(cx: Ctx, root: usize, data: Bytes) -> Result<Bytes, Erro
             // buffer, unshared, into a reference-counted one (an allocation and an atomic
             // count) just to skip 16 bytes.
             let mut body = std::mem::take(&mut message);
-            body.advance(HEADER_LEN);
+            body.advance(header.encoded_len());
             body
         })),
         _ if len == 0 => Ok(Bytes::new()),
@@ -145,10 +153,11 @@ pub(crate) fn root_at_once(cx: &Ctx, data: Bytes) -> Result<CollectiveOp<Bytes>,
     // Header and data go as borrowed pieces: into the ring straight from here when a send
     // goes out at once, with no message buffer built for it.
     let head = header.encode();
+    let head = &head[..header.encoded_len()];
     let body: &[u8] = if header.carries_data() { &data } else { &[] };
     let mut sends = Vec::new();
     for child in fan.to(&tree) {
-        keep_pending(&mut sends, cx.send_parts(child, &[&head, body]));
+        keep_pending(&mut sends, cx.send_parts(child, &[head, body]));
     }
     if sends.is_empty() {
         return Ok(CollectiveOp::finished(cx.rank, Ok(data)));
@@ -296,12 +305,21 @@ impl Header {
     /// apart.
     fn message(&self, data: &Bytes) -> Bytes {
         let body: &[u8] = if self.carries_data() { data } else { &[] };
-        BufferPool::shared().concat(&[&self.encode(), body])
+        BufferPool::shared().concat(&[&self.encode()[..self.encoded_len()], body])
     }
 
-    /// The header's bytes.
+    /// How many bytes the header takes: one when the data follows it.
+    fn encoded_len(&self) -> usize {
+        if self.carries_data() { 1 } else { HEADER_LEN }
+    }
+
+    /// The header's bytes: the first [`encoded_len`](Self::encoded_len) of these.
     fn encode(&self) -> [u8; HEADER_LEN] {
         let mut header = [0u8; HEADER_LEN];
+        if self.carries_data() {
+            header[0] = COMPACT;
+            return header;
+        }
         header[0] = algorithm_id(self.algorithm);
         header[1] = match (self.separate, self.from_root) {
             (false, _) => 0,
@@ -322,6 +340,16 @@ impl Header {
             peer: parent,
             detail: format!("broadcast header: {detail}"),
         };
+        if message.first() == Some(&COMPACT) {
+            let len = message.len() - 1;
+            return if len < SEPARATE_FROM {
+                Ok(Header::new(BcastAlgorithm::Binomial, len, false))
+            } else {
+                Err(bad(format!(
+                    "{len} bytes of data behind a compact header (below {SEPARATE_FROM} expected)"
+                )))
+            };
+        }
         if message.len() < HEADER_LEN {
             return Err(bad(format!(
                 "{} bytes, shorter than a header",
@@ -334,8 +362,9 @@ impl Header {
             2 => BcastAlgorithm::Chain,
             id => return Err(bad(format!("unknown algorithm {id}"))),
         };
+        // A binomial broadcast's data behind a full header would have had a compact one.
         let (separate, from_root) = match message[1] {
-            0 => (false, false),
+            0 if algorithm != BcastAlgorithm::Binomial => (false, false),
             1 if algorithm == BcastAlgorithm::Binomial => (true, false),
             2 if algorithm == BcastAlgorithm::Binomial => (true, true),
             flag => return Err(bad(format!("flag {flag} with algorithm {}", message[0]))),
@@ -362,11 +391,8 @@ impl Header {
             from_root,
         };
         let body = message.len() - HEADER_LEN;
-        let expected_body = if header.carries_data() { len } else { 0 };
-        if body != expected_body {
-            return Err(bad(format!(
-                "{body} bytes follow the header where {expected_body} were expected"
-            )));
+        if body != 0 {
+            return Err(bad(format!("{body} bytes follow a full header")));
         }
         Ok(header)
     }
@@ -591,7 +617,8 @@ mod tests {
         let data = Bytes::from_static(b"hello");
         let binomial = Header::new(BcastAlgorithm::Binomial, 5, false);
         let m = binomial.message(&data);
-        assert_eq!(&m[HEADER_LEN..], b"hello");
+        // A small broadcast's header is one byte; its length is what follows.
+        assert_eq!(&m[..], b"\x03hello");
         assert_eq!(Header::decode(3, &m).unwrap(), binomial);
         let chain = Header::new(BcastAlgorithm::Chain, 5, true);
         let m = chain.message(&data);
@@ -610,6 +637,17 @@ mod tests {
         let mut long = m.to_vec();
         long.push(1);
         assert!(Header::decode(3, &Bytes::from(long)).is_err());
+        // Data behind a full binomial header, or too much of it behind a compact one: garbage.
+        let mut full = m.to_vec();
+        full[0] = 0;
+        assert!(Header::decode(3, &Bytes::from(full)).is_err());
+        let mut huge = vec![COMPACT];
+        huge.resize(1 + SEPARATE_FROM, 0);
+        assert!(Header::decode(3, &Bytes::from(huge)).is_err());
+        assert_eq!(
+            Header::decode(3, &Bytes::from_static(&[COMPACT])).unwrap(),
+            Header::new(BcastAlgorithm::Binomial, 0, true)
+        );
         // A large binomial broadcast announces its data apart: the header travels alone.
         let big = Bytes::from(vec![1u8; SEPARATE_FROM]);
         let apart = Header::new(BcastAlgorithm::Binomial, big.len(), false);
