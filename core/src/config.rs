@@ -49,11 +49,16 @@ pub struct ShmConfig {
     /// at a quarter of the ring.
     pub inline_max: usize,
     /// `RANKWEAVE_SHM_PIPELINE_MAX`: frames longer than `inline_max` whose payload is at most
-    /// this many bytes are pipelined through the ring in pieces (both ranks copy, overlapped);
-    /// longer payloads go by single copy where it is permitted. Default 64 MiB: on the
-    /// machines measured, the pipelined copy beat `process_vm_readv` in latency and bandwidth
-    /// at every size up to there (see the book's Shared memory chapter).
+    /// this many bytes are pipelined through the ring in pieces (both ranks copy, overlapped),
+    /// or go by single copy where `adaptive` finds that faster; longer payloads always go by
+    /// single copy where it is permitted. Default 64 MiB.
     pub pipeline_max: usize,
+    /// `RANKWEAVE_SHM_ADAPTIVE` (`on`/`off`): below `pipeline_max`, choose between the
+    /// pipelined copy and single copy per message by how long each took lately, per peer and
+    /// size class (on), or always pipeline (off). Which is faster depends on whether the two
+    /// processes share a cache, and a VM's vCPUs move (see the book's Shared memory chapter).
+    /// Default on.
+    pub adaptive: bool,
     /// `RANKWEAVE_SHM_SINGLE_COPY` (`on`/`off`): let receivers read payloads longer than
     /// `pipeline_max` straight from the sender's memory with `process_vm_readv` where the
     /// kernel permits it. Off, or where it is not permitted, they are pipelined through the
@@ -74,6 +79,7 @@ impl Default for ShmConfig {
             ring_bytes: 128 * 1024,
             inline_max: 32 * 1024,
             pipeline_max: 64 * 1024 * 1024,
+            adaptive: true,
             single_copy: true,
             prefault_bytes: 32 * 1024 * 1024,
         }
@@ -285,6 +291,10 @@ impl Config {
         }
         if let Some(v) = get("RANKWEAVE_SHM_PIPELINE_MAX") {
             self.shm.pipeline_max = parse_size("RANKWEAVE_SHM_PIPELINE_MAX", &v)?;
+        }
+        if let Some(v) = get("RANKWEAVE_SHM_ADAPTIVE") {
+            self.shm.adaptive = parse_switch("RANKWEAVE_SHM_ADAPTIVE", &v, false)?
+                .unwrap_or(ShmConfig::default().adaptive);
         }
         if let Some(v) = get("RANKWEAVE_SHM_SINGLE_COPY") {
             self.shm.single_copy = parse_switch("RANKWEAVE_SHM_SINGLE_COPY", &v, false)?
@@ -542,6 +552,7 @@ mod tests {
                 ("RANKWEAVE_SHM_INLINE", "8k"),
                 ("RANKWEAVE_SHM_PIPELINE_MAX", "1m"),
                 ("RANKWEAVE_SHM_SINGLE_COPY", "off"),
+                ("RANKWEAVE_SHM_ADAPTIVE", "off"),
                 ("RANKWEAVE_SHM_PREFAULT", "0"),
             ]))
             .unwrap();
@@ -551,6 +562,7 @@ mod tests {
                 ring_bytes: 256 * 1024,
                 inline_max: 8 * 1024,
                 pipeline_max: 1024 * 1024,
+                adaptive: false,
                 single_copy: false,
                 prefault_bytes: 0,
             }
@@ -559,6 +571,10 @@ mod tests {
             .with_env(env(&[("RANKWEAVE_SHM_PIPELINE_MAX", "lots")]))
             .unwrap_err();
         assert_eq!(e.variable, "RANKWEAVE_SHM_PIPELINE_MAX");
+        let e = Config::default()
+            .with_env(env(&[("RANKWEAVE_SHM_ADAPTIVE", "sometimes")]))
+            .unwrap_err();
+        assert_eq!(e.variable, "RANKWEAVE_SHM_ADAPTIVE");
     }
 
     #[test]

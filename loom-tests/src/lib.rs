@@ -328,6 +328,16 @@ pub mod ring_api {
             self.0.max_body()
         }
 
+        /// `RingProducer::position`.
+        pub fn position(&self) -> u64 {
+            self.0.position()
+        }
+
+        /// `RingProducer::consumed_to`.
+        pub fn consumed_to(&self, control: &RingControl, position: u64) -> bool {
+            self.0.consumed_to(&control.0, position)
+        }
+
         /// `RingProducer::try_push`.
         pub fn try_push(
             &mut self,

@@ -18,6 +18,7 @@
 //! reliability; frames may be of any size.
 
 mod cma;
+mod copy_path;
 mod doorbell;
 pub mod host;
 mod inbound;
@@ -214,6 +215,8 @@ pub struct ShmRank {
     loopback: Mailbox<Arrival>,
     /// Peers with records waiting for ring space.
     queued_peers: AtomicUsize,
+    /// Peers with a large send being timed (see `Outbound::observe`).
+    timing_peers: AtomicUsize,
     park: Mutex<Park>,
     closed: AtomicBool,
     closed_at: Mutex<Option<Instant>>,
@@ -387,6 +390,7 @@ impl ShmRank {
             pool: Arc::default(),
             loopback: Mailbox::new(),
             queued_peers: AtomicUsize::new(0),
+            timing_peers: AtomicUsize::new(0),
             park: Mutex::new(Park::default()),
             closed: AtomicBool::new(false),
             closed_at: Mutex::new(None),
@@ -559,24 +563,32 @@ impl ShmRank {
     fn with_outbound<R>(&self, peer: &Peer, f: impl FnOnce(&mut Outbound) -> (R, bool)) -> R {
         let (r, published) = {
             let mut out = peer.out.lock();
-            let before = out.has_queued();
+            let before = (out.has_queued(), out.is_timing());
             let (r, published) = f(&mut out);
-            let after = out.has_queued();
-            match (before, after) {
-                (false, true) => {
-                    self.queued_peers.fetch_add(1, Ordering::AcqRel);
-                }
-                (true, false) => {
-                    self.queued_peers.fetch_sub(1, Ordering::AcqRel);
-                }
-                _ => {}
-            }
+            let after = (out.has_queued(), out.is_timing());
+            count_change(&self.queued_peers, before.0, after.0);
+            count_change(&self.timing_peers, before.1, after.1);
             (r, published)
         };
         if published {
             self.nudge(peer);
         }
         r
+    }
+
+    /// Ends the timing of pipelined sends the receiver has finished taking (one load when none
+    /// is timed).
+    fn observe_copy_times(&self) {
+        if self.timing_peers.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let me = self.me.rank;
+        for peer in self.connected_peers() {
+            self.with_outbound(&peer, |out| {
+                out.observe(&peer.segment, me);
+                ((), false)
+            });
+        }
     }
 
     fn connected_peers(&self) -> Vec<Arc<Peer>> {
@@ -689,7 +701,7 @@ impl ShmRank {
                 let me = self.me.rank;
                 match e {
                     Effect::PayloadRead(token) => {
-                        peer.out.lock().done(token);
+                        self.with_outbound(peer, |o| (o.done(token), false));
                     }
                     Effect::OweDone(token) => {
                         // A `DONE` only lets the peer drop its reference to the payload; no
@@ -926,6 +938,7 @@ impl Transport for ShmRank {
             self.gone_unreported()
         };
         n += self.read_rings(out, false);
+        self.observe_copy_times();
         if !gone.is_empty() {
             n += self.report_lost(gone, out);
         }
@@ -1139,6 +1152,20 @@ pub fn world(n: usize, config: &Config) -> Result<Vec<Communicator>, Error> {
             Communicator::world_with_multicast(rank, n, t, config.clone(), multicast)
         })
         .collect()
+}
+
+/// Moves `counter` (of peers in some state) by a peer's change of state from `before` to
+/// `after`.
+fn count_change(counter: &AtomicUsize, before: bool, after: bool) {
+    match (before, after) {
+        (false, true) => {
+            counter.fetch_add(1, Ordering::AcqRel);
+        }
+        (true, false) => {
+            counter.fetch_sub(1, Ordering::AcqRel);
+        }
+        _ => {}
+    }
 }
 
 #[cfg(test)]

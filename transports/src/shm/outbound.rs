@@ -4,19 +4,26 @@
 //!
 //! 1. **Inline** (up to the inline limit): one `FRAME` record, header and payload copied into
 //!    the ring once; the receiver copies them out.
-//! 2. **Pipelined** (larger, up to the pipeline limit, or any size without single copy): the
-//!    encoded frame in `CHUNK_FIRST`/`CHUNK` records of at most a ring record each; the
-//!    receiver copies each piece out while this side writes the next, and reassembles them.
-//! 3. **Single copy** (payloads beyond the pipeline limit, when the receiver said it can read
-//!    this process's memory): a `SINGLE_COPY` record with the frame's header and the payload's
-//!    address and length. The payload (a reference-counted `Bytes`) is *held* here until the
-//!    receiver's `DONE` record says it has read it with `process_vm_readv`.
+//! 2. **Pipelined** (larger, or any size without single copy): the encoded frame in
+//!    `CHUNK_FIRST`/`CHUNK` records of at most a ring record each; the receiver copies each
+//!    piece out while this side writes the next, and reassembles them.
+//! 3. **Single copy** (when the receiver said it can read this process's memory): a
+//!    `SINGLE_COPY` record with the frame's header and the payload's address and length. The
+//!    payload (a reference-counted `Bytes`) is *held* here until the receiver's `DONE` record
+//!    says it has read it with `process_vm_readv`.
+//!
+//! Payloads beyond the pipeline limit always go by single copy where it is permitted. Below it,
+//! the [`PathChooser`] picks one of the two by how long each took lately (the faster one
+//! depends on where the two processes run; see [`super::copy_path`]): a large send made while
+//! nothing else is in flight to the peer is timed from here until the first look after the
+//! receiver was done with it — its `DONE` record, or the ring's tail passing the last piece.
 //!
 //! When the ring is full, records wait in order in a queue here and go out as the receiver
 //! frees space ([`Outbound::flush`], called on every drain and whenever the receiver signals).
 //! `send` itself never blocks.
 
 use std::collections::VecDeque;
+use std::time::Instant;
 
 use bytes::Bytes;
 use rankweave_core::config::ShmConfig;
@@ -24,6 +31,7 @@ use rankweave_core::frame::{Envelope, Frame};
 use rankweave_core::wire;
 use rustc_hash::FxHashMap;
 
+use super::copy_path::{CopyPath, PathChooser};
 use super::record;
 use super::ring::{Pushed, RingControl, RingProducer};
 use super::segment::{SINGLE_COPY_YES, Segment};
@@ -52,6 +60,25 @@ pub(crate) struct SendCounts {
     pub(crate) pipelined: u64,
 }
 
+/// A large send being timed for the [`PathChooser`].
+#[derive(Debug)]
+struct Timed {
+    path: CopyPath,
+    len: usize,
+    started: Instant,
+    done_when: DoneWhen,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum DoneWhen {
+    /// A single copy: when its `DONE` comes.
+    Read(u64),
+    /// Pipelined, pieces still queued here.
+    Pushed,
+    /// Pipelined, every piece in the ring: when the consumer's tail reaches this position.
+    Consumed(u64),
+}
+
 /// The producer side of the ring to one peer, with its queue and held payloads.
 #[derive(Debug)]
 pub(crate) struct Outbound {
@@ -63,6 +90,10 @@ pub(crate) struct Outbound {
     inline_max: usize,
     /// Longer payloads go by single copy when the peer can read this rank's memory.
     pipeline_max: usize,
+    /// Picks the path of shorter large payloads; `None`: always pipelined.
+    chooser: Option<PathChooser>,
+    /// The large send being timed, if any.
+    timed: Option<Timed>,
     /// Times a record found the ring full and had to wait.
     pub(crate) full_events: u64,
     /// What was sent.
@@ -83,6 +114,8 @@ impl Outbound {
             next_token: 0,
             inline_max: settings.inline_max.min(geometry.max_body()),
             pipeline_max: settings.pipeline_max,
+            chooser: settings.adaptive.then(PathChooser::default),
+            timed: None,
             full_events: 0,
             counts: SendCounts::default(),
             blocked: false,
@@ -107,13 +140,49 @@ impl Outbound {
 
     /// The peer read the single-copy payload `token`.
     pub(crate) fn done(&mut self, token: u64) -> bool {
+        if self
+            .timed
+            .as_ref()
+            .is_some_and(|t| t.done_when == DoneWhen::Read(token))
+        {
+            self.finish_timing();
+        }
         self.held.remove(&token).is_some()
+    }
+
+    /// Whether a large send is being timed (the transport then calls [`observe`](Self::observe)
+    /// on each drain).
+    pub(crate) fn is_timing(&self) -> bool {
+        self.timed.is_some()
+    }
+
+    /// Ends the timing of a pipelined send whose pieces the receiver has all taken.
+    pub(crate) fn observe(&mut self, peer: &Segment, me: u32) {
+        if let Some(Timed {
+            done_when: DoneWhen::Consumed(end),
+            ..
+        }) = self.timed
+        {
+            if peer
+                .ring(me)
+                .is_some_and(|(control, _)| self.producer.consumed_to(control, end))
+            {
+                self.finish_timing();
+            }
+        }
+    }
+
+    fn finish_timing(&mut self) {
+        if let (Some(t), Some(chooser)) = (self.timed.take(), &mut self.chooser) {
+            chooser.record(t.path, t.len, t.started.elapsed());
+        }
     }
 
     /// The peer is gone: nothing will be read or acknowledged any more.
     pub(crate) fn abandon(&mut self) {
         self.queue.clear();
         self.held.clear();
+        self.timed = None;
     }
 
     /// Sends `frame` to the peer whose segment is `peer`; `me` is this rank. Returns whether a
@@ -144,11 +213,7 @@ impl Outbound {
                 kind: record::FRAME,
                 body: [header, &frame.payload].concat(),
             }
-        } else if frame.payload.len() > self.pipeline_max
-            && peer.pair_info(me).is_some_and(|p| {
-                p.single_copy.load(std::sync::atomic::Ordering::Acquire) == SINGLE_COPY_YES
-            })
-        {
+        } else if self.large_path(peer, me, frame.payload.len()) == CopyPath::SingleCopy {
             self.counts.single_copy += 1;
             let token = self.next_token;
             self.next_token += 1;
@@ -157,6 +222,11 @@ impl Outbound {
                 frame.payload.as_ptr() as u64,
                 frame.payload.len() as u64,
             );
+            self.start_timing(
+                CopyPath::SingleCopy,
+                frame.payload.len(),
+                DoneWhen::Read(token),
+            );
             self.held.insert(token, frame.payload);
             Queued::Record {
                 kind: record::SINGLE_COPY,
@@ -164,6 +234,7 @@ impl Outbound {
             }
         } else {
             self.counts.pipelined += 1;
+            self.start_timing(CopyPath::Pipelined, frame.payload.len(), DoneWhen::Pushed);
             Queued::Pieces {
                 header: header.to_vec(),
                 payload: frame.payload,
@@ -172,6 +243,38 @@ impl Outbound {
         };
         self.queue.push_back(queued);
         self.flush(peer, me)
+    }
+
+    /// The path of a payload of `len` bytes, too long to go inline.
+    fn large_path(&mut self, peer: &Segment, me: u32, len: usize) -> CopyPath {
+        let permitted = peer.pair_info(me).is_some_and(|p| {
+            p.single_copy.load(std::sync::atomic::Ordering::Acquire) == SINGLE_COPY_YES
+        });
+        let timed = self.will_time(len);
+        match &mut self.chooser {
+            _ if !permitted => CopyPath::Pipelined,
+            _ if len > self.pipeline_max => CopyPath::SingleCopy,
+            Some(chooser) => chooser.choose(len, timed),
+            None => CopyPath::Pipelined,
+        }
+    }
+
+    /// Whether a large send of `len` bytes made now is timed: the chooser decides its size and
+    /// it is alone (nothing queued, held or timed: otherwise its time would include others').
+    fn will_time(&self, len: usize) -> bool {
+        self.chooser.is_some() && len <= self.pipeline_max && self.is_idle() && self.timed.is_none()
+    }
+
+    /// Times a large send by `path` if [`will_time`](Self::will_time) says so.
+    fn start_timing(&mut self, path: CopyPath, len: usize, done_when: DoneWhen) {
+        if self.will_time(len) {
+            self.timed = Some(Timed {
+                path,
+                len,
+                started: Instant::now(),
+                done_when,
+            });
+        }
     }
 
     /// Writes an eager frame (the header for `envelope`, then the concatenation of `payload`,
@@ -234,6 +337,13 @@ impl Outbound {
                 Step::Finished => {
                     self.queue.pop_front();
                     published = true;
+                    // The timed pipelined send is the first to finish after it started (it
+                    // started alone): now the receiver has to take its last piece.
+                    if let Some(t) = &mut self.timed {
+                        if t.done_when == DoneWhen::Pushed {
+                            t.done_when = DoneWhen::Consumed(self.producer.position());
+                        }
+                    }
                     continue;
                 }
                 Step::Progress => {

@@ -288,6 +288,17 @@ impl RingProducer {
         Pushed::Done
     }
 
+    /// Whether the consumer has released everything published before the producer stood at
+    /// `position` (reads its tail).
+    pub(crate) fn consumed_to(&self, control: &RingControl, position: u64) -> bool {
+        control.consumer.tail.load(Ordering::Acquire) >= position
+    }
+
+    /// Where the next record goes (a position counted from the ring's start, never wrapping).
+    pub(crate) fn position(&self) -> u64 {
+        self.head
+    }
+
     /// Whether a record with a `body`-byte body fits now (reads the consumer's tail).
     pub(crate) fn has_room_now(&mut self, control: &RingControl, body: usize) -> bool {
         self.tail_seen = control.consumer.tail.load(Ordering::Acquire);

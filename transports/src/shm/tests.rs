@@ -147,6 +147,7 @@ async fn payloads_up_to_the_pipeline_limit_go_in_pieces_longer_ones_by_single_co
         2,
         ShmConfig {
             pipeline_max: limit,
+            adaptive: false,
             ..settings(128 * 1024, true)
         },
     );
@@ -160,6 +161,49 @@ async fn payloads_up_to_the_pipeline_limit_go_in_pieces_longer_ones_by_single_co
         (c.pipelined_sent, c.single_copy_sent),
         (2, 2),
         "70 000 B and the limit itself in pieces, beyond it by single copy"
+    );
+}
+
+/// Below the pipeline limit the chooser tries both paths, then keeps to the faster and now and
+/// then tries the other: sent one at a time (each alone, so each is timed), messages go both
+/// ways, arrive whole and in order, and every timing ends (nothing left to observe).
+#[tokio::test]
+async fn adaptive_sends_take_both_paths_and_time_each_to_its_end() {
+    let t = job(
+        2,
+        ShmConfig {
+            pipeline_max: 64 << 20,
+            adaptive: true,
+            ..settings(128 * 1024, true)
+        },
+    );
+    t[0].send(1, eager(0, vec![])).unwrap();
+    assert_eq!(collect(&t[1], &[&t[0]], 1).len(), 1);
+    let n = 2 + 2 * super::copy_path::EXPLORE_EVERY as u64;
+    for i in 1..=n {
+        let len = 100_000 + i as usize;
+        t[0].send(1, eager(i, pattern(len, i))).unwrap();
+        let got = payloads(collect(&t[1], &[&t[0]], 1), 0);
+        assert_eq!(got.len(), 1, "message {i} arrived");
+        assert_eq!((got[0].0, &got[0].1[..]), (i, &pattern(len, i)[..]));
+        // The sender sees the receiver was done (its DONE, or the ring's tail) on a drain.
+        let until = Instant::now() + Duration::from_secs(5);
+        while t[0].peer(1).unwrap().out.lock().is_timing() && Instant::now() < until {
+            let mut v = Vec::new();
+            t[1].drain(&mut v).unwrap();
+            t[0].drain(&mut v).unwrap();
+        }
+        assert!(
+            !t[0].peer(1).unwrap().out.lock().is_timing(),
+            "timing {i} ended"
+        );
+    }
+    assert_eq!(t[0].rank.timing_peers.load(Ordering::Acquire), 0);
+    let c = t[0].counters();
+    assert_eq!(c.single_copy_sent + c.pipelined_sent, n);
+    assert!(
+        c.single_copy_sent >= 2 && c.pipelined_sent >= 2,
+        "both paths taken, each at least once as the slower one: {c:?}"
     );
 }
 
