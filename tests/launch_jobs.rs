@@ -97,6 +97,95 @@ fn spin_window_follows_the_cores() {
     );
 }
 
+/// `kill -USR1` on a rank of a running `rw-bench` job prints that rank's counters to standard
+/// error and the job goes on (the way to see what a rank that seems stuck has done); sent to
+/// `rwrun`, it is forwarded to every rank.
+#[test]
+fn rw_bench_prints_a_ranks_counters_on_sigusr1() {
+    let mut job = Command::new(env!("CARGO_BIN_EXE_rwrun"))
+        .args(["-n", "2", "--no-tag-output"])
+        .arg(env!("CARGO_BIN_EXE_rw-bench"))
+        .args(["latency", "-m", "1:1", "-i", "400000000", "-x", "1"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("rwrun starts");
+    // A rank is a child of rwrun whose command line names rw-bench; it is ready once it
+    // catches SIGUSR1 (bit 9 of SigCgt in its status), before which the signal would end it.
+    let catches_usr1 = |pid: &str| {
+        std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|status| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("SigCgt:"))
+                .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+                .is_some_and(|mask| mask & (1 << 9) != 0)
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let rank = loop {
+        let children =
+            std::fs::read_to_string(format!("/proc/{}/task/{}/children", job.id(), job.id()))
+                .unwrap_or_default();
+        let ready = children.split_whitespace().find(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.contains("rw-bench"))
+                && catches_usr1(pid)
+        });
+        if let Some(pid) = ready {
+            break pid.to_string();
+        }
+        assert!(Instant::now() < deadline, "no rank started");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let sent = Command::new("kill")
+        .args(["-USR1", &rank])
+        .status()
+        .expect("kill runs");
+    assert!(sent.success());
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        job.try_wait().expect("job status").is_none(),
+        "the job goes on after the signal"
+    );
+    // Both ranks catch it by now (the other joined the job before rank `rank` could run).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !std::fs::read_to_string(format!("/proc/{}/task/{}/children", job.id(), job.id()))
+        .unwrap_or_default()
+        .split_whitespace()
+        .all(catches_usr1)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the other rank never caught SIGUSR1"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let forwarded = Command::new("kill")
+        .args(["-USR1", &job.id().to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(forwarded.success());
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        job.try_wait().expect("job status").is_none(),
+        "rwrun forwards SIGUSR1 and goes on"
+    );
+    let _ = Command::new("kill").arg(job.id().to_string()).status();
+    let out = job.wait_with_output().expect("job ends");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let dumps = |r: usize| {
+        stderr
+            .matches(&format!("rank {r} of 2 (SIGUSR1): Stats {{"))
+            .count()
+    };
+    assert!(stderr.contains("frames_sent"), "{stderr}");
+    assert_eq!(
+        dumps(0) + dumps(1),
+        3,
+        "one rank's counters, then both ranks': {stderr}"
+    );
+}
+
 #[test]
 fn ring_under_mpiexec_mpich() {
     if !installed("mpiexec.mpich") {

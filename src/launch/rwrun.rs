@@ -22,6 +22,8 @@
 //!   bytes need not be UTF-8. Lines over [`MAX_LINE`] bytes are written in pieces.
 //! * Forwards SIGINT and SIGTERM to every running rank's process group; ranks still running
 //!   after the grace period are killed (SIGKILL). A second SIGINT or SIGTERM kills at once.
+//!   SIGUSR1 and SIGUSR2 are forwarded as they are and end nothing (as Open MPI's `mpirun`
+//!   does; `rw-bench` prints each rank's counters on SIGUSR1).
 //! * Ends the job when a rank fails (exits non-zero or is killed by a signal): names it, the
 //!   first failure, on standard error, gives the others the grace period to exit on their own
 //!   (they typically report `PeerFailed`), then kills the rest.
@@ -145,8 +147,8 @@ rwrun: start an N-process rankweave job on this host
 Usage: rwrun -n N [OPTIONS] [--] PROGRAM [ARGS...]
 
 Starts N processes of PROGRAM with ARGS, serves the rendezvous key-value service the ranks
-meet at, prefixes their output with their rank, forwards SIGINT and SIGTERM to them, and ends
-the job when a rank fails.
+meet at, prefixes their output with their rank, forwards SIGINT, SIGTERM, SIGUSR1 and SIGUSR2
+to them, and ends the job when a rank fails (or on SIGINT / SIGTERM).
 
 Options:
   -n, --np N            number of ranks to start (required; also -n=N, -nN, --np=N, -np N)
@@ -957,12 +959,16 @@ fn internal(e: RunError) -> ExitOutcome {
 
 async fn supervise(opts: &RwrunOptions, out: &Sink, err: &Sink) -> ExitOutcome {
     let n = opts.np;
-    let (mut sigint, mut sigterm) = match (
+    let (mut sigint, mut sigterm, mut sigusr1, mut sigusr2) = match (
         signal(SignalKind::interrupt()),
         signal(SignalKind::terminate()),
+        signal(SignalKind::user_defined1()),
+        signal(SignalKind::user_defined2()),
     ) {
-        (Ok(i), Ok(t)) => (i, t),
-        (Err(e), _) | (_, Err(e)) => return ExitOutcome::Error(RunError::Signals(e)),
+        (Ok(i), Ok(t), Ok(u1), Ok(u2)) => (i, t, u1, u2),
+        (Err(e), ..) | (_, Err(e), ..) | (.., Err(e), _) | (.., Err(e)) => {
+            return ExitOutcome::Error(RunError::Signals(e));
+        }
     };
     let server = match KvServer::bind("127.0.0.1:0", n).await {
         Ok(s) => s,
@@ -1131,6 +1137,16 @@ async fn supervise(opts: &RwrunOptions, out: &Sink, err: &Sink) -> ExitOutcome {
             }
             Some(()) = sigterm.recv() => {
                 on_signal(libc::SIGTERM, &mut ending, &mut signals_seen, &mut kill_at, &mut killed_at, &ranks, grace, err);
+            }
+            Some(()) = sigusr1.recv() => {
+                for r in running_ranks(&ranks) {
+                    signal_group(ranks[r].pid, libc::SIGUSR1);
+                }
+            }
+            Some(()) = sigusr2.recv() => {
+                for r in running_ranks(&ranks) {
+                    signal_group(ranks[r].pid, libc::SIGUSR2);
+                }
             }
             () = timeout_due, if ending.is_none() => {
                 let limit = opts.timeout.unwrap_or_default();

@@ -79,7 +79,13 @@ async fn launch(config: Config, mut opts: Options, bootstrap: Option<Bootstrap>)
                 Bootstrap::Singleton => "singleton".into(),
             };
             let comm = rankweave::init_job(config, bootstrap).await?;
+            let dump = spawn_stats_dump(&comm);
             let result = run(comm.clone(), opts).await;
+            // Its handle on the rank must be gone before the rank leaves the job.
+            if let Some(dump) = dump {
+                dump.abort();
+                let _ = dump.await;
+            }
             // Leave the job either way, so the other ranks are not left waiting.
             let finalized = rankweave::finalize(comm).await;
             result?;
@@ -95,6 +101,26 @@ async fn launch(config: Config, mut opts: Options, bootstrap: Option<Bootstrap>)
             first_error(results)
         }
     }
+}
+
+/// On `SIGUSR1`, prints this rank's counters (frames and bytes sent and received, receives
+/// posted, messages unexpected, the transport's own) to standard error: what a rank that seems
+/// stuck has done and still waits for (`kill -USR1 <pid>`). `None` if the signal cannot be
+/// watched.
+fn spawn_stats_dump(comm: &rankweave::Communicator) -> Option<tokio::task::JoinHandle<()>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut usr1 = signal(SignalKind::user_defined1()).ok()?;
+    let comm = comm.clone();
+    Some(tokio::spawn(async move {
+        while usr1.recv().await.is_some() {
+            eprintln!(
+                "rw-bench: rank {} of {} (SIGUSR1): {:?}",
+                comm.rank(),
+                comm.size(),
+                comm.stats()
+            );
+        }
+    }))
 }
 
 /// The error to report from an in-process job: the first rank's own failure rather than a peer
