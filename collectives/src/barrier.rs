@@ -19,10 +19,10 @@ use rankweave_core::{Communicator, Error};
 use crate::CollectiveOp;
 use crate::ctx::Ctx;
 
-/// The algorithm for a communicator of `size` ranks (more than 2).
-pub(crate) fn choose(comm: &Communicator, size: usize) -> BarrierAlgorithm {
+/// The algorithm for `comm` (of more than 2 ranks).
+pub(crate) fn choose(comm: &Communicator) -> BarrierAlgorithm {
     let tuning = &comm.config().collectives;
-    tuning.barrier.unwrap_or(if size <= tuning.flat_max {
+    tuning.barrier.unwrap_or(if comm.size() <= tuning.flat_max {
         BarrierAlgorithm::Linear
     } else {
         BarrierAlgorithm::Dissemination

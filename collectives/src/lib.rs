@@ -187,7 +187,7 @@ impl Collectives for Communicator {
         if self.size() == 2 {
             return barrier::pair(self);
         }
-        match (barrier::choose(self, self.size()), self.rank()) {
+        match (barrier::choose(self), self.rank()) {
             (BarrierAlgorithm::Linear, 0) => start(self, Ok(()), barrier::linear_root),
             (BarrierAlgorithm::Linear, _) => barrier::linear_leaf(self),
             (BarrierAlgorithm::Dissemination, _) => start(self, Ok(()), barrier::dissemination),
