@@ -25,6 +25,8 @@ pub struct Stats {
     pub unexpected_bytes: u64,
     /// Receives now waiting in the posted-receive queue.
     pub posted_receives: u64,
+    /// Sends now waiting for their transport hand-off or their peer (rendezvous).
+    pub pending_sends: u64,
     /// What the transport counted (reliability, routes, dropped datagrams).
     pub transport: TransportStats,
 }
@@ -89,10 +91,43 @@ pub struct ShmCounters {
     pub ring_full: u64,
     /// Wake-up signals sent to parked peers.
     pub signals_sent: u64,
+    /// Times this rank, asleep on its armed doorbell, found work when it looked anyway (after
+    /// 20 ms) with no signal: a wake-up that should have come did not. Zero unless a wake-up
+    /// was lost, or (rarely) a peer published in the microseconds between the two looks.
+    pub wakeups_missed: u64,
     /// Records or frames from local peers dropped as malformed.
     pub malformed_dropped: u64,
     /// Local peers that exited, closed or broke their ring.
     pub peers_lost: u64,
+    /// What the rank is doing now, for a first look at a job that seems stuck.
+    pub now: ShmNow,
+}
+
+/// The shared-memory transport's state at the moment of a [`Stats`] snapshot (gauges, not
+/// counters): enough to tell which side of a wake-up a quiet rank is waiting on.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ShmNow {
+    /// This rank's doorbell is armed: producers signal it.
+    pub doorbell_armed: bool,
+    /// The progress task sleeps trusting the doorbell (no recheck timer).
+    pub progress_asleep: bool,
+    /// The progress task sleeps with a recheck timer (futures were spinning).
+    pub progress_rechecking: bool,
+    /// A wake-up signal waits unread on this rank's signal socket.
+    pub signal_pending: bool,
+    /// Rings into this rank holding records it has not released.
+    pub unread_rings: u64,
+    /// Peers with records queued here for want of ring space.
+    pub queued_peers: u64,
+    /// Peers whose doorbell is armed.
+    pub peers_armed: u64,
+    /// Records queued here for want of ring space, over all peers.
+    pub queued_records: u64,
+    /// Peers whose ring was last found full (this rank asked to be signalled).
+    pub blocked_peers: u64,
+    /// Whether the progress engine has work now (it should not be asleep if so).
+    pub has_work: bool,
 }
 
 /// Counters of one route.

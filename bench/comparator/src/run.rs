@@ -90,7 +90,7 @@ pub type Samples = BTreeMap<(Config, String, Impl), BTreeMap<u64, Vec<f64>>>;
 /// Why a measurement has no numbers.
 pub type Gaps = BTreeMap<(Config, String, Impl), String>;
 
-const RUN_TIMEOUT: Duration = Duration::from_secs(600);
+const RUN_TIMEOUT: Duration = Duration::from_secs(180);
 
 /// The OSU flags of each run that makes up one measurement (the rows of its runs together).
 /// Shared memory uses OSU's own iteration counts and sizes in one run. Four ranks on two cores
@@ -252,8 +252,19 @@ pub fn run_with_timeout(
             // 1 ms polls: the start-up benchmark times whole launches of a few milliseconds.
             Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(1)),
             Ok(None) => {
+                // Ask for a state dump first (rwrun forwards SIGUSR1 to its ranks, and each
+                // rw-bench rank prints its counters and state): a hang is worth a look.
+                let _ = Command::new("kill")
+                    .args(["-USR1", &child.id().to_string()])
+                    .status();
+                std::thread::sleep(Duration::from_secs(2));
                 let _ = child.kill();
-                let _ = child.wait();
+                if let Ok(out) = child.wait_with_output() {
+                    let stderr = String::from_utf8_lossy(&out.stderr);
+                    for line in stderr.lines().filter(|l| l.contains("SIGUSR1")) {
+                        eprintln!("  state at timeout: {line}");
+                    }
+                }
                 return Err(format!("timed out after {limit:?}"));
             }
             Err(e) => return Err(format!("waiting: {e}")),

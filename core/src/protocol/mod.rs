@@ -348,6 +348,7 @@ impl Endpoint {
         s.unexpected_messages = self.matcher.unexpected_len() as u64;
         s.unexpected_bytes = self.unexpected_bytes as u64;
         s.posted_receives = (self.matcher.posted_len() + usize::from(self.lone.is_some())) as u64;
+        s.pending_sends = self.sends.len() as u64;
         s
     }
 

@@ -9,13 +9,17 @@
 //! between the two placements while a job runs, so the choice is made per message from
 //! measurements (UCX picks a protocol from static performance estimates; these move).
 //!
-//! The chooser keeps, per size class (a power of two), an exponentially weighted average of the
-//! time per byte of each path, as the sender sees it: from the send to the first look after the
-//! receiver was done with it. Only a send made while nothing else is in flight to the peer is
-//! timed (another's time would be in it). It takes the faster path, and on every
-//! [`EXPLORE_EVERY`]-th timed send of a class the other one, so that an estimate gone stale
-//! after a move is refreshed; sends that cannot be timed always take the faster. Pure state: the
-//! transport passes the sizes and the times in.
+//! The chooser keeps, per size class (a power of two), the last [`KEPT`] times per byte of each
+//! path, as the sender sees them: from the send to the first look after the receiver was done
+//! with it. Only a send made while nothing else is in flight to the peer is timed (another's
+//! time would be in it). Even so a time includes waits that are not the copy's — the receiver
+//! busy with its own sends, descheduled, or touching fresh pages — and those only ever add, so
+//! a path's estimate is the *least* of its recent times, not their average (an average of
+//! 4 MiB sends in a bidirectional exchange, a few 30 ms waits among 1 ms copies, chose the
+//! wrong path for good). It takes the faster path, and on every [`EXPLORE_EVERY`]-th timed send
+//! of a class the other one, so that an estimate gone stale after a move is refreshed; sends
+//! that cannot be timed always take the faster. Pure state: the transport passes the sizes and
+//! the times in.
 
 use std::time::Duration;
 
@@ -46,8 +50,9 @@ impl CopyPath {
 
 /// One timed message of a class in this many goes the way that looks slower.
 pub(crate) const EXPLORE_EVERY: u32 = 32;
-/// Weight of a new measurement in the average (1/4: a move shows within a few samples).
-const WEIGHT: f64 = 0.25;
+/// Recent times kept per path and class: a move of the machine shows once this many samples
+/// were taken after it.
+pub(crate) const KEPT: usize = 4;
 /// Size classes: 2^15 (32 KiB) and below share the first, 2^30 and above the last.
 const FIRST_CLASS: u32 = 15;
 const CLASSES: usize = 16;
@@ -55,10 +60,32 @@ const CLASSES: usize = 16;
 /// What one size class has learned.
 #[derive(Clone, Copy, Debug, Default)]
 struct Class {
-    /// Nanoseconds per byte of each path ([`CopyPath::index`]), once measured.
-    per_byte: [Option<f64>; 2],
+    /// Recent times of each path ([`CopyPath::index`]).
+    recent: [Recent; 2],
     /// Timed messages of this class chosen for so far.
     timed: u32,
+}
+
+/// The last [`KEPT`] times per byte (nanoseconds) of one path, oldest overwritten first.
+#[derive(Clone, Copy, Debug, Default)]
+struct Recent {
+    samples: [f64; KEPT],
+    taken: usize,
+}
+
+impl Recent {
+    fn push(&mut self, per_byte: f64) {
+        self.samples[self.taken % KEPT] = per_byte;
+        self.taken += 1;
+    }
+
+    /// The least recent time, once there is one.
+    fn best(&self) -> Option<f64> {
+        self.samples[..self.taken.min(KEPT)]
+            .iter()
+            .copied()
+            .reduce(f64::min)
+    }
 }
 
 /// The choice between the two paths for one peer (see the [module docs](self)).
@@ -80,7 +107,7 @@ impl PathChooser {
         if timed {
             class.timed = class.timed.wrapping_add(1);
         }
-        let best = match class.per_byte {
+        let best = match class.recent.map(|r| r.best()) {
             // Each is tried before either is trusted: the pipelined copy first, then the other.
             [None, _] => return CopyPath::Pipelined,
             [_, None] => return CopyPath::SingleCopy,
@@ -100,11 +127,7 @@ impl PathChooser {
             return;
         }
         let sample = took.as_nanos() as f64 / len as f64;
-        let slot = &mut self.classes[class_of(len)].per_byte[path.index()];
-        *slot = Some(match *slot {
-            Some(average) => average + WEIGHT * (sample - average),
-            None => sample,
-        });
+        self.classes[class_of(len)].recent[path.index()].push(sample);
     }
 }
 
@@ -141,10 +164,26 @@ mod tests {
         c.record(CopyPath::SingleCopy, 1 << 20, us(90));
         assert_eq!(c.choose(1 << 20, false), CopyPath::Pipelined);
         // Far apart now: the pipelined copy takes three times as long.
-        for _ in 0..4 {
+        for _ in 0..KEPT - 1 {
+            c.record(CopyPath::Pipelined, 1 << 20, us(150));
+        }
+        assert_eq!(c.choose(1 << 20, false), CopyPath::Pipelined);
+        for _ in 0..1 {
             c.record(CopyPath::Pipelined, 1 << 20, us(150));
         }
         assert_eq!(c.choose(1 << 20, false), CopyPath::SingleCopy);
+    }
+
+    #[test]
+    fn a_few_long_waits_do_not_turn_the_choice() {
+        let mut c = PathChooser::default();
+        c.record(CopyPath::Pipelined, 4 << 20, us(2_000));
+        c.record(CopyPath::SingleCopy, 4 << 20, us(1_000));
+        // The receiver was busy elsewhere for two of the next three single copies.
+        for took in [30_000, 1_100, 40_000] {
+            c.record(CopyPath::SingleCopy, 4 << 20, us(took));
+        }
+        assert_eq!(c.choose(4 << 20, false), CopyPath::SingleCopy);
     }
 
     #[test]

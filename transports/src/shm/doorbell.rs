@@ -56,6 +56,11 @@ impl Doorbell {
         true
     }
 
+    /// Whether it is armed now (a snapshot for diagnostics; decides nothing).
+    pub(crate) fn is_armed(&self) -> bool {
+        self.state.load(Ordering::Relaxed) == PARKED
+    }
+
     /// A producer has published a record in one of the owner's rings: returns whether it must
     /// signal the owner (which happens at most once per [`arm`](Self::arm)).
     pub(crate) fn should_signal(&self) -> bool {

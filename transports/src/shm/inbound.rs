@@ -3,7 +3,7 @@
 //!
 //! [`Inbound::read`] pops records in order and turns them into arrivals: an inline frame is
 //! copied out of the ring; a single-copy frame's payload is read from the sender's memory
-//! (`process_vm_readv`) into a fresh buffer, after which the sender is owed a `DONE`; pieces of
+//! (`process_vm_readv`) into a fresh buffer, after which the read is counted for the sender; pieces of
 //! a pipelined frame are appended to a reassembly buffer until the frame is whole. Nothing the
 //! peer wrote is trusted: a record that does not parse, a frame that does not decode or a
 //! length that cannot be allocated is dropped and counted, and a ring whose bytes break the
@@ -37,15 +37,6 @@ pub(crate) struct ReadInto<'a> {
     pub(crate) discard: bool,
 }
 
-/// Something a record asks of the transport beyond delivering a frame.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Effect {
-    /// The peer read this rank's single-copy payload with this token.
-    PayloadRead(u64),
-    /// This rank read (or, closing, skipped) the peer's single-copy payload: send `DONE`.
-    OweDone(u64),
-}
-
 /// How one [`Inbound::read`] went.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct ReadOutcome {
@@ -57,6 +48,9 @@ pub(crate) struct ReadOutcome {
     pub(crate) malformed: usize,
     /// The producer is waiting for space and must be signalled.
     pub(crate) producer_waits: bool,
+    /// The sender's single-copy payloads read so far, by token (see
+    /// `segment::PairInfo::tokens_read`), when this read took one.
+    pub(crate) tokens_read: Option<u64>,
 }
 
 #[derive(Debug)]
@@ -81,6 +75,8 @@ struct Stream {
     partial: Option<Partial>,
     said_bye: bool,
     broken: bool,
+    /// One past the token of the last single-copy record handled.
+    tokens_read: u64,
 }
 
 impl Inbound {
@@ -95,6 +91,7 @@ impl Inbound {
                 partial: None,
                 said_bye: false,
                 broken: false,
+                tokens_read: 0,
             },
         })
     }
@@ -133,8 +130,7 @@ impl Inbound {
     }
 
     /// Reads up to `budget` records, stopping early once [`READ_BYTES`] of payload are
-    /// delivered. Frames go to `out` (see [`ReadInto`]), requests for the transport to
-    /// `effects`.
+    /// delivered. Frames go to `out` (see [`ReadInto`]).
     ///
     /// The byte bound is what keeps large receives in cache: a receive waiting for its
     /// message pumps only until it has it, so the next large payload is read when its own
@@ -148,21 +144,21 @@ impl Inbound {
         into: &ReadInto<'_>,
         budget: usize,
         out: &mut Vec<Arrival>,
-        effects: &mut Vec<Effect>,
     ) -> ReadOutcome {
         let mut outcome = ReadOutcome::default();
         let Some((control, data)) = own.ring(self.stream.sender) else {
             return outcome;
         };
         let stream = &mut self.stream;
+        let tokens_before = stream.tokens_read;
         while outcome.records < budget
             && outcome.bytes < READ_BYTES
             && !stream.said_bye
             && !stream.broken
         {
-            let popped = self.consumer.pop(&data, |kind, body| {
-                stream.handle(kind, body, into, out, effects)
-            });
+            let popped = self
+                .consumer
+                .pop(&data, |kind, body| stream.handle(kind, body, into, out));
             match popped {
                 Popped::Empty => break,
                 Popped::Corrupt => stream.broken = true,
@@ -183,6 +179,7 @@ impl Inbound {
             waits = self.consumer.discard_all(control, &data);
         }
         outcome.producer_waits = self.consumer.release(control) || waits;
+        outcome.tokens_read = (stream.tokens_read != tokens_before).then_some(stream.tokens_read);
         outcome
     }
 
@@ -215,10 +212,13 @@ impl Inbound {
                 data: Bytes::copy_from_slice(payload),
             })
         });
-        match popped {
-            Popped::Record(Some(taken)) => (Some(taken), self.consumer.release(control)),
-            Popped::Record(None) | Popped::Empty | Popped::Corrupt => (None, false),
-        }
+        let taken = match popped {
+            Popped::Record(Some(taken)) => Some(taken),
+            Popped::Record(None) | Popped::Empty | Popped::Corrupt => None,
+        };
+        // Padding before the record was consumed whatever came of it: its space goes back to
+        // the producer now, not at the next read (which might be long in coming).
+        (taken, self.consumer.release(control))
     }
 }
 
@@ -229,7 +229,6 @@ impl Stream {
         body: &[u8],
         into: &ReadInto<'_>,
         out: &mut Vec<Arrival>,
-        effects: &mut Vec<Effect>,
     ) -> Handled {
         let discard = into.discard;
         let Some(rec) = record::parse(kind, body) else {
@@ -255,7 +254,8 @@ impl Stream {
                 len,
                 header,
             } => {
-                effects.push(Effect::OweDone(token));
+                // Counted read even when malformed or discarded: the sender may let go.
+                self.tokens_read = self.tokens_read.max(token.saturating_add(1));
                 if discard {
                     return Handled::Nothing;
                 }
@@ -312,10 +312,6 @@ impl Stream {
                     Handled::Malformed
                 }
             },
-            Record::Done(token) => {
-                effects.push(Effect::PayloadRead(token));
-                Handled::Nothing
-            }
             Record::Bye => {
                 self.said_bye = true;
                 Handled::Nothing

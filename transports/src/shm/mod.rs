@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 use rankweave_core::frame::{Envelope, Frame};
 use rankweave_core::{
     Arrival, Capabilities, Communicator, Config, EagerTaken, EagerWant, Error, ShmConfig,
-    ShmCounters, Transport, TransportError, TransportStats,
+    ShmCounters, ShmNow, Transport, TransportError, TransportStats,
 };
 use rustc_hash::FxHashMap;
 use tokio::io::Interest;
@@ -47,7 +47,7 @@ use tokio::io::unix::AsyncFd;
 
 use crate::inproc::Mailbox;
 use host::ProcessWatch;
-use inbound::{Effect, Inbound, ReadInto};
+use inbound::{Inbound, ReadInto};
 use outbound::Outbound;
 use rankweave_core::buffer_pool::BufferPool;
 use rankweave_core::spin_lock::SpinLock;
@@ -149,11 +149,20 @@ struct Park {
     recheck: Option<Pin<Box<tokio::time::Sleep>>>,
     /// A busy poller woke the sleeping progress task to set its recheck timer.
     nudged: bool,
+    /// While the progress task sleeps trusting the doorbell, it still looks after
+    /// [`LOOK_ANYWAY`]: a wake-up missed for whatever reason costs that long, not the job
+    /// (counted in `wakeups_missed`: it finding work means a signal that should have come did
+    /// not).
+    look_anyway: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 /// How soon a progress task that could not arm the doorbell (futures were spinning) looks
 /// again.
 const RECHECK: Duration = Duration::from_millis(1);
+
+/// How long a progress task sleeping on its doorbell goes without looking at its rings anyway
+/// (see `Park::look_anyway`).
+const LOOK_ANYWAY: Duration = Duration::from_millis(20);
 
 /// The rare counters (the per-frame ones live in each peer's [`Outbound`] and in the
 /// [`InboundSet`], under the locks their writers hold anyway).
@@ -163,6 +172,8 @@ struct Counters {
     frames_sent: AtomicU64,
     bytes_sent: AtomicU64,
     signals_sent: AtomicU64,
+    /// Times the progress task's look-anyway timer found work no signal had announced.
+    wakeups_missed: AtomicU64,
     peers_lost: AtomicU64,
     /// Records read from the rings and queued records published: [`Transport::traffic`].
     traffic: AtomicU64,
@@ -215,8 +226,9 @@ pub struct ShmRank {
     loopback: Mailbox<Arrival>,
     /// Peers with records waiting for ring space.
     queued_peers: AtomicUsize,
-    /// Peers with a large send being timed (see `Outbound::observe`).
-    timing_peers: AtomicUsize,
+    /// Peers holding single-copy payloads not read yet or timing a large send (see
+    /// `Outbound::observe`).
+    watching_peers: AtomicUsize,
     park: Mutex<Park>,
     closed: AtomicBool,
     closed_at: Mutex<Option<Instant>>,
@@ -390,7 +402,7 @@ impl ShmRank {
             pool: Arc::default(),
             loopback: Mailbox::new(),
             queued_peers: AtomicUsize::new(0),
-            timing_peers: AtomicUsize::new(0),
+            watching_peers: AtomicUsize::new(0),
             park: Mutex::new(Park::default()),
             closed: AtomicBool::new(false),
             closed_at: Mutex::new(None),
@@ -440,8 +452,32 @@ impl ShmRank {
             s.malformed_dropped = inbound.malformed_dropped;
         }
         s.signals_sent = get(&c.signals_sent);
+        s.wakeups_missed = get(&c.wakeups_missed);
         s.peers_lost = get(&c.peers_lost);
+        s.now = self.now();
         s
+    }
+
+    /// What this rank is doing now (see [`ShmNow`]).
+    fn now(&self) -> ShmNow {
+        let mut now = ShmNow::default();
+        now.doorbell_armed = self.own.doorbell().is_armed();
+        {
+            let park = lock(&self.park);
+            now.progress_asleep = park.waker.is_some() && park.recheck.is_none();
+            now.progress_rechecking = park.waker.is_some() && park.recheck.is_some();
+        }
+        now.signal_pending = self.signal.is_pending();
+        now.unread_rings = self.own.unread_rings() as u64;
+        now.queued_peers = self.queued_peers.load(Ordering::Acquire) as u64;
+        for peer in self.connected_peers() {
+            now.peers_armed += u64::from(peer.segment.doorbell().is_armed());
+            let out = peer.out.lock();
+            now.queued_records += out.queued() as u64;
+            now.blocked_peers += u64::from(out.is_blocked());
+        }
+        now.has_work = self.has_work();
+        now
     }
 
     fn peer_if_connected(&self, rank: u32) -> Option<&Arc<Peer>> {
@@ -563,11 +599,11 @@ impl ShmRank {
     fn with_outbound<R>(&self, peer: &Peer, f: impl FnOnce(&mut Outbound) -> (R, bool)) -> R {
         let (r, published) = {
             let mut out = peer.out.lock();
-            let before = (out.has_queued(), out.is_timing());
+            let before = (out.has_queued(), out.is_watching());
             let (r, published) = f(&mut out);
-            let after = (out.has_queued(), out.is_timing());
+            let after = (out.has_queued(), out.is_watching());
             count_change(&self.queued_peers, before.0, after.0);
-            count_change(&self.timing_peers, before.1, after.1);
+            count_change(&self.watching_peers, before.1, after.1);
             (r, published)
         };
         if published {
@@ -576,10 +612,10 @@ impl ShmRank {
         r
     }
 
-    /// Ends the timing of pipelined sends the receiver has finished taking (one load when none
-    /// is timed).
-    fn observe_copy_times(&self) {
-        if self.timing_peers.load(Ordering::Acquire) == 0 {
+    /// Lets go of single-copy payloads the receivers have read and ends the timing of sends
+    /// they have finished taking (one load when nothing is held or timed).
+    fn observe_receivers(&self) {
+        if self.watching_peers.load(Ordering::Acquire) == 0 {
             return;
         }
         let me = self.me.rank;
@@ -666,7 +702,6 @@ impl ShmRank {
             self.add_senders(&mut inbound);
         }
         let before = out.len();
-        let mut effects = Vec::new();
         let mut lost = Vec::new();
         let (mut malformed, mut bytes, mut records) = (0, 0, 0);
         for ring in inbound.rings.iter_mut() {
@@ -681,7 +716,13 @@ impl ShmRank {
                 pool: &self.pool,
                 discard,
             };
-            let outcome = ring.read(&self.own, &into, READ_BUDGET, out, &mut effects);
+            let outcome = ring.read(&self.own, &into, READ_BUDGET, out);
+            if let (Some(n), Some(info)) = (outcome.tokens_read, self.own.pair_info(ring.sender()))
+            {
+                // After the reads: the sender may reuse the memory once it sees this. No
+                // signal: nothing waits for it (the sender looks on its next drain).
+                info.tokens_read.store(n, Ordering::Release);
+            }
             malformed += outcome.malformed as u64;
             bytes += outcome.bytes as u64;
             records += outcome.records as u64;
@@ -691,35 +732,10 @@ impl ShmRank {
                     bump(&self.counters.peers_lost, 1);
                     lost.push(ring.sender());
                 }
-                effects.clear();
                 continue;
             };
             if ring.is_broken() || ring.said_bye() {
                 self.mark_gone(peer);
-            }
-            for e in effects.drain(..) {
-                let me = self.me.rank;
-                match e {
-                    Effect::PayloadRead(token) => {
-                        self.with_outbound(peer, |o| (o.done(token), false));
-                    }
-                    Effect::OweDone(token) => {
-                        // A `DONE` only lets the peer drop its reference to the payload; no
-                        // operation waits for it, so it does not ring the peer's doorbell (a
-                        // system call on this rank's path per large message): the peer's next
-                        // drain, or its closing, reads it. Records queued before it still do.
-                        self.with_outbound(peer, |o| {
-                            let others = o.has_queued();
-                            let published = o.send_control(
-                                &peer.segment,
-                                me,
-                                record::DONE,
-                                &token.to_le_bytes(),
-                            );
-                            ((), published && others)
-                        });
-                    }
-                }
             }
             if outcome.producer_waits {
                 self.nudge(peer);
@@ -938,7 +954,7 @@ impl Transport for ShmRank {
             self.gone_unreported()
         };
         n += self.read_rings(out, false);
-        self.observe_copy_times();
+        self.observe_receivers();
         if !gone.is_empty() {
             n += self.report_lost(gone, out);
         }
@@ -974,6 +990,7 @@ impl Transport for ShmRank {
         let ready = |park: &mut Park| {
             park.waker = None;
             park.recheck = None;
+            park.look_anyway = None;
             doorbell.disarm();
             Poll::Ready(())
         };
@@ -981,9 +998,23 @@ impl Transport for ShmRank {
         self.poll_exits(cx);
         let signalled = self.signal.poll_signalled(cx).is_ready();
         let mut park = lock(&self.park);
+        // Still armed: no producer took the doorbell, so work found now came unannounced.
+        let looked_anyway = doorbell.is_armed()
+            && park
+                .look_anyway
+                .as_mut()
+                .is_some_and(|t| t.as_mut().poll(cx).is_ready());
+        park.look_anyway = None;
         park.waker = Some(cx.waker().clone());
         park.nudged = false;
         if signalled || self.has_work() {
+            if looked_anyway && !signalled {
+                bump(&self.counters.wakeups_missed, 1);
+                tracing::warn!(
+                    rank = self.me.rank,
+                    "shm: found work after {LOOK_ANYWAY:?} asleep on the doorbell without a signal"
+                );
+            }
             return ready(&mut park);
         }
         // Futures polled since the last look: they poll in short bursts, and arming the
@@ -997,6 +1028,10 @@ impl Transport for ShmRank {
             return ready(&mut park);
         }
         park.recheck = None;
+        let mut timer = Box::pin(tokio::time::sleep(LOOK_ANYWAY));
+        // Registers the waker (a fresh timer is never ready).
+        let _ = timer.as_mut().poll(cx);
+        park.look_anyway = Some(timer);
         Poll::Pending
     }
 
@@ -1080,6 +1115,7 @@ impl Transport for ShmRank {
                 peer.gone.store(true, Ordering::Release);
             }
         }
+        self.observe_receivers();
         let settled = self
             .connected_peers()
             .iter()

@@ -9,14 +9,16 @@
 //!    piece out while this side writes the next, and reassembles them.
 //! 3. **Single copy** (when the receiver said it can read this process's memory): a
 //!    `SINGLE_COPY` record with the frame's header and the payload's address and length. The
-//!    payload (a reference-counted `Bytes`) is *held* here until the receiver's `DONE` record
-//!    says it has read it with `process_vm_readv`.
+//!    payload (a reference-counted `Bytes`) is *held* here until the receiver's count of
+//!    payloads read (in the pair's information line) says it has read it with
+//!    `process_vm_readv`.
 //!
 //! Payloads beyond the pipeline limit always go by single copy where it is permitted. Below it,
 //! the [`PathChooser`] picks one of the two by how long each took lately (the faster one
 //! depends on where the two processes run; see [`super::copy_path`]): a large send made while
 //! nothing else is in flight to the peer is timed from here until the first look after the
-//! receiver was done with it — its `DONE` record, or the ring's tail passing the last piece.
+//! receiver was done with it — its count of payloads read passing the send's token, or the
+//! ring's tail passing the last piece.
 //!
 //! When the ring is full, records wait in order in a queue here and go out as the receiver
 //! frees space ([`Outbound::flush`], called on every drain and whenever the receiver signals).
@@ -29,7 +31,7 @@ use bytes::Bytes;
 use rankweave_core::config::ShmConfig;
 use rankweave_core::frame::{Envelope, Frame};
 use rankweave_core::wire;
-use rustc_hash::FxHashMap;
+use std::sync::atomic::Ordering;
 
 use super::copy_path::{CopyPath, PathChooser};
 use super::record;
@@ -84,8 +86,8 @@ enum DoneWhen {
 pub(crate) struct Outbound {
     producer: RingProducer,
     queue: VecDeque<Queued>,
-    /// Single-copy payloads the receiver has not read yet, by token.
-    held: FxHashMap<u64, Bytes>,
+    /// Single-copy payloads the receiver has not read yet, in token order.
+    held: VecDeque<(u64, Bytes)>,
     next_token: u64,
     inline_max: usize,
     /// Longer payloads go by single copy when the peer can read this rank's memory.
@@ -110,7 +112,7 @@ impl Outbound {
         Some(Outbound {
             producer: RingProducer::new(control, geometry, peer.ring_key(me)),
             queue: VecDeque::new(),
-            held: FxHashMap::default(),
+            held: VecDeque::new(),
             next_token: 0,
             inline_max: settings.inline_max.min(geometry.max_body()),
             pipeline_max: settings.pipeline_max,
@@ -133,31 +135,47 @@ impl Outbound {
         !self.queue.is_empty()
     }
 
+    /// How many records wait for space.
+    pub(crate) fn queued(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// Whether the ring was last found full.
+    pub(crate) fn is_blocked(&self) -> bool {
+        self.blocked
+    }
+
     /// Whether anything is still owed to the peer: queued records or unread payloads.
     pub(crate) fn is_idle(&self) -> bool {
         self.queue.is_empty() && self.held.is_empty()
     }
 
-    /// The peer read the single-copy payload `token`.
-    pub(crate) fn done(&mut self, token: u64) -> bool {
-        if self
-            .timed
-            .as_ref()
-            .is_some_and(|t| t.done_when == DoneWhen::Read(token))
-        {
-            self.finish_timing();
-        }
-        self.held.remove(&token).is_some()
+    /// Whether the transport must [`observe`](Self::observe) the receiver on each drain: a
+    /// payload is held for it or a send is timed.
+    pub(crate) fn is_watching(&self) -> bool {
+        self.timed.is_some() || !self.held.is_empty()
     }
 
-    /// Whether a large send is being timed (the transport then calls [`observe`](Self::observe)
-    /// on each drain).
-    pub(crate) fn is_timing(&self) -> bool {
-        self.timed.is_some()
-    }
-
-    /// Ends the timing of a pipelined send whose pieces the receiver has all taken.
+    /// Lets go of the payloads the receiver has read, and ends the timing of a send the
+    /// receiver has finished taking.
     pub(crate) fn observe(&mut self, peer: &Segment, me: u32) {
+        if !self.held.is_empty() {
+            let read = peer
+                .pair_info(me)
+                .map_or(0, |p| p.tokens_read.load(Ordering::Acquire));
+            while self.held.front().is_some_and(|&(token, _)| token < read) {
+                self.held.pop_front();
+            }
+            if let Some(Timed {
+                done_when: DoneWhen::Read(token),
+                ..
+            }) = self.timed
+            {
+                if token < read {
+                    self.finish_timing();
+                }
+            }
+        }
         if let Some(Timed {
             done_when: DoneWhen::Consumed(end),
             ..
@@ -227,7 +245,7 @@ impl Outbound {
                 frame.payload.len(),
                 DoneWhen::Read(token),
             );
-            self.held.insert(token, frame.payload);
+            self.held.push_back((token, frame.payload));
             Queued::Record {
                 kind: record::SINGLE_COPY,
                 body: [&prefix[..], header].concat(),
@@ -247,9 +265,9 @@ impl Outbound {
 
     /// The path of a payload of `len` bytes, too long to go inline.
     fn large_path(&mut self, peer: &Segment, me: u32, len: usize) -> CopyPath {
-        let permitted = peer.pair_info(me).is_some_and(|p| {
-            p.single_copy.load(std::sync::atomic::Ordering::Acquire) == SINGLE_COPY_YES
-        });
+        let permitted = peer
+            .pair_info(me)
+            .is_some_and(|p| p.single_copy.load(Ordering::Acquire) == SINGLE_COPY_YES);
         let timed = self.will_time(len);
         match &mut self.chooser {
             _ if !permitted => CopyPath::Pipelined,
@@ -375,11 +393,20 @@ impl Outbound {
             .is_some_and(|(control, _)| self.producer.has_room_now(control, self.front_body()))
     }
 
+    /// The body of the next record the queue's front item would push: the next piece of a
+    /// pipelined frame is as large as the ring takes (a smaller size here would have the
+    /// progress engine flush, fail and look again while the ring has room for less).
     fn front_body(&self) -> usize {
         match self.queue.front() {
             Some(Queued::Record { body, .. }) => body.len(),
-            // At least a small piece must fit for progress.
-            Some(Queued::Pieces { .. }) => 64,
+            Some(Queued::Pieces {
+                header,
+                payload,
+                sent,
+            }) => {
+                let prefix = if *sent == 0 { 8 } else { 0 };
+                (prefix + header.len() + payload.len() - sent).min(self.producer.max_body())
+            }
             None => 0,
         }
     }

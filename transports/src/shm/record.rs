@@ -6,10 +6,12 @@
 //! | 2    | `SINGLE_COPY` | token, address, length (`u64` each), then the frame's header; the payload is read from the sender's memory |
 //! | 3    | `CHUNK_FIRST` | total length (`u64`), then the first piece of an encoded frame   |
 //! | 4    | `CHUNK`       | the next piece of that frame                                     |
-//! | 5    | `DONE`        | token (`u64`): the single-copy payload with this token was read  |
 //! | 6    | `BYE`         | empty: the sender closed; nothing more will come from it         |
 //!
 //! Integers are little-endian. Kind 0 is the ring's own filler and never reaches this module.
+//! Kind 5 is not used: the receiver acknowledges single-copy payloads out of band, in the
+//! pair's information line (see `segment::PairInfo::tokens_read`), so that the acknowledgement
+//! never waits behind the receiver's own traffic in the reverse ring.
 
 /// A whole encoded frame.
 pub(crate) const FRAME: u8 = 1;
@@ -19,8 +21,6 @@ pub(crate) const SINGLE_COPY: u8 = 2;
 pub(crate) const CHUNK_FIRST: u8 = 3;
 /// A further piece.
 pub(crate) const CHUNK: u8 = 4;
-/// The receiver read a single-copy payload: the sender may let go of it.
-pub(crate) const DONE: u8 = 5;
 /// Clean close.
 pub(crate) const BYE: u8 = 6;
 
@@ -42,7 +42,6 @@ pub(crate) enum Record<'a> {
         piece: &'a [u8],
     },
     Chunk(&'a [u8]),
-    Done(u64),
     Bye,
 }
 
@@ -67,7 +66,6 @@ pub(crate) fn parse(kind: u8, body: &[u8]) -> Option<Record<'_>> {
             piece: &body[8..],
         },
         CHUNK => Record::Chunk(body),
-        DONE if body.len() == 8 => Record::Done(u64_at(body, 0)?),
         BYE if body.is_empty() => Record::Bye,
         _ => return None,
     })
@@ -99,8 +97,7 @@ mod tests {
                 header: b"hdr"
             })
         );
-        assert_eq!(parse(DONE, &5u64.to_le_bytes()), Some(Record::Done(5)));
-        assert_eq!(parse(DONE, &[1, 2, 3]), None);
+        assert_eq!(parse(5, &5u64.to_le_bytes()), None);
         assert_eq!(parse(SINGLE_COPY, &[0; 23]), None);
         assert_eq!(parse(CHUNK_FIRST, &[0; 7]), None);
         assert_eq!(parse(BYE, &[1]), None);

@@ -21,7 +21,7 @@
 use std::ffi::CString;
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use super::doorbell::Doorbell;
 use super::ring::{RingControl, RingGeometry, RingKey};
@@ -62,6 +62,13 @@ pub(crate) struct PairInfo {
     /// Whether the owner can read the sender's memory with `process_vm_readv`: 0 while it has
     /// not checked (send through the ring), [`SINGLE_COPY_YES`] or [`SINGLE_COPY_NO`].
     pub(crate) single_copy: AtomicU32,
+    /// Single-copy payloads of the sender the owner has read (or, closing, skipped), counted
+    /// by token: the sender may let go of every payload whose token is below it. Tokens are
+    /// read in ring order, so a count says it all; stored with `Release` after the read, loaded
+    /// with `Acquire` before the sender reuses the memory. A record in the reverse ring would
+    /// wait behind the owner's own traffic there (a whole window of large messages in a
+    /// bidirectional exchange).
+    pub(crate) tokens_read: AtomicU64,
 }
 
 /// The receiver can read the sender's memory: large payloads go by single copy.
@@ -344,15 +351,25 @@ impl Segment {
     /// Whether any registered sender's ring holds records not yet released by the owner (a
     /// lock-free look: two loads per sender that has registered).
     pub(crate) fn has_unread(&self) -> bool {
-        let count =
-            (self.sender_count().load(Ordering::Acquire) as usize).min(self.owner.world as usize);
-        (0..count).any(|i| {
-            let rank = self.sender_slot(i).map_or(0, |s| s.load(Ordering::Acquire));
-            rank != 0
-                && self.ring(rank - 1).is_some_and(|(control, data)| {
-                    control.has_unreleased(&data, self.geometry, self.ring_key(rank - 1))
-                })
-        })
+        (0..self.senders()).any(|i| self.is_unread(i))
+    }
+
+    /// How many rings hold records not released yet (for diagnostics).
+    pub(crate) fn unread_rings(&self) -> usize {
+        (0..self.senders()).filter(|&i| self.is_unread(i)).count()
+    }
+
+    fn senders(&self) -> usize {
+        (self.sender_count().load(Ordering::Acquire) as usize).min(self.owner.world as usize)
+    }
+
+    /// Whether the ring of the `i`th registered sender holds records not released yet.
+    fn is_unread(&self, i: usize) -> bool {
+        let rank = self.sender_slot(i).map_or(0, |s| s.load(Ordering::Acquire));
+        rank != 0
+            && self.ring(rank - 1).is_some_and(|(control, data)| {
+                control.has_unreleased(&data, self.geometry, self.ring_key(rank - 1))
+            })
     }
 
     fn pair_base(&self, sender: u32) -> Option<*mut u8> {

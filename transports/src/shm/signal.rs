@@ -51,6 +51,22 @@ impl SignalSocket {
         let _ = self.socket.get_ref().send_to_addr(&[1], to);
     }
 
+    /// Whether a signal waits unread (a snapshot for diagnostics; consumes nothing).
+    pub(crate) fn is_pending(&self) -> bool {
+        use std::os::fd::AsRawFd;
+        let mut buf = [0u8; 1];
+        // SAFETY: `buf` is valid for one byte's write; the descriptor is the open socket.
+        let n = unsafe {
+            libc::recv(
+                self.socket.get_ref().as_raw_fd(),
+                buf.as_mut_ptr().cast(),
+                1,
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
+        };
+        n >= 0
+    }
+
     /// `Ready` once a signal has arrived since the last `Ready` (the signals are consumed);
     /// otherwise registers `cx`'s waker with the reactor.
     pub(crate) fn poll_signalled(&self, cx: &mut Context<'_>) -> Poll<()> {
