@@ -210,7 +210,7 @@ async fn adaptive_sends_take_both_paths_and_time_each_to_its_end() {
 }
 
 #[tokio::test]
-async fn large_payloads_are_read_in_bounded_batches_and_done_rings_no_doorbell() {
+async fn large_payloads_are_read_in_bounded_batches_and_acknowledged_without_a_signal() {
     let t = job(2, settings(128 * 1024, true));
     // Connect (the first large frame goes in pieces, until the receiver has said it can read).
     t[0].send(1, eager(99, vec![])).unwrap();
@@ -240,9 +240,9 @@ async fn large_payloads_are_read_in_bounded_batches_and_done_rings_no_doorbell()
     assert_eq!(
         t[1].counters().signals_sent,
         signals,
-        "the three DONE records did not ring the parked sender's doorbell"
+        "acknowledging the three reads did not ring the parked sender's doorbell"
     );
-    // They are there all the same: the sender's next drain lets the payloads go.
+    // The count of reads is there all the same: the sender's next drain lets the payloads go.
     let held = |t: &ShmTransport| !t.peer(1).unwrap().out.lock().is_idle();
     assert!(held(&t[0]));
     t[0].drain(&mut out).unwrap();
@@ -271,6 +271,38 @@ async fn a_full_ring_holds_senders_back_and_loses_nothing() {
             assert_eq!(&p[..], &pattern(len, i as u64)[..]);
         }
     }
+}
+
+/// A sender waiting to push the next piece of a pipelined frame has work only once the ring
+/// has room for that piece: less room (freed by a small record) must not have the progress
+/// engine flush, fail and look again in a loop.
+#[tokio::test]
+async fn a_waiting_piece_needs_room_for_itself_not_for_any_record() {
+    // 4 KiB rings: pieces of 1 008 bytes (a quarter of the ring, less the header).
+    let t = job(2, settings(4096, false));
+    t[0].send(1, eager(99, vec![])).unwrap();
+    assert_eq!(collect(&t[1], &[&t[0]], 1).len(), 1);
+    t[0].send(1, eager(0, pattern(100, 0))).unwrap();
+    t[0].send(1, eager(1, pattern(20_000, 1))).unwrap();
+    assert!(
+        t[0].counters().ring_full > 0,
+        "the frame's pieces filled the ring"
+    );
+    // The receiver takes the small frame alone: 192 bytes come free, too few for a piece.
+    let want = EagerWant {
+        from: 0,
+        context: ContextId(2),
+        tag: Some(9),
+        seq: 0,
+        max_len: usize::MAX,
+    };
+    assert!(t[1].take_eager(&want).is_some());
+    assert!(!t[0].rank.can_flush(), "no room for the next piece yet");
+    assert!(!t[0].rank.has_work());
+    // Once the receiver reads on, the rest goes out and arrives whole.
+    let got = payloads(collect(&t[1], &[&t[0]], 1), 0);
+    assert_eq!(got.len(), 1);
+    assert_eq!((got[0].0, &got[0].1[..]), (1, &pattern(20_000, 1)[..]));
 }
 
 #[tokio::test]
@@ -463,6 +495,48 @@ async fn a_busy_poller_that_finishes_without_parking_leaves_the_rank_wakeable() 
         matches!(got, Ok(Some(Arrival::Frame { from: 0, .. }))),
         "the frame sent after the busy poller left was not noticed: {got:?}"
     );
+    // Noticed by the protocol (a signal or the recheck), not by the look-anyway timer.
+    assert_eq!(t[1].counters().wakeups_missed, 0);
+}
+
+/// A record published without its signal (as a lost wake-up would leave it) is still found,
+/// by the sleeping rank's look-anyway timer, and counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_wake_up_costs_a_look_not_the_job_and_is_counted() {
+    let t = Arc::new(job(2, settings(64 * 1024, true)));
+    t[0].send(1, eager(0, vec![])).unwrap();
+    assert_eq!(collect(&t[1], &[], 1).len(), 1);
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let progress = {
+        let t = Arc::clone(&t);
+        tokio::spawn(async move {
+            loop {
+                std::future::poll_fn(|cx| t[1].poll_arrival(cx)).await;
+                let mut out = Vec::new();
+                t[1].drain(&mut out).unwrap();
+                for a in out {
+                    let _ = tx.send(a);
+                }
+            }
+        })
+    };
+    // Asleep on the armed doorbell.
+    let until = Instant::now() + Duration::from_secs(5);
+    while !t[1].rank.own.doorbell().is_armed() && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert!(t[1].rank.own.doorbell().is_armed());
+    // Published straight through the peer's sending side: no look at its doorbell, no signal.
+    let peer = t[0].peer(1).unwrap();
+    assert!(peer.out.lock().send(&peer.segment, 0, eager(1, vec![7])));
+    let got = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await;
+    progress.abort();
+    assert!(
+        matches!(got, Ok(Some(Arrival::Frame { from: 0, .. }))),
+        "the unannounced frame was never noticed: {got:?}"
+    );
+    assert_eq!(t[1].counters().wakeups_missed, 1);
+    assert_eq!(t[0].counters().signals_sent, 0);
 }
 
 #[tokio::test]
