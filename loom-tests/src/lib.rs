@@ -454,5 +454,10 @@ pub mod doorbell_api {
         pub fn should_signal(&self) -> bool {
             self.0.should_signal()
         }
+
+        /// `Doorbell::is_armed`.
+        pub fn is_armed(&self) -> bool {
+            self.0.is_armed()
+        }
     }
 }

@@ -75,6 +75,9 @@ fn arm_vs_publish_no_lost_wakeup() {
             saw || signalled,
             "owner went to sleep with a record published and nobody signalled it"
         );
+        // A signal takes the doorbell with it: an owner that finds its doorbell still armed
+        // knows no signal is on its way (what `wakeups_missed` relies on).
+        assert_eq!(o.bell.is_armed(), !signalled);
     });
 }
 
