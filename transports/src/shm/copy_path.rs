@@ -13,10 +13,12 @@
 //! path, as the sender sees them: from the send to the first look after the receiver was done
 //! with it. Only a send made while nothing else is in flight to the peer is timed (another's
 //! time would be in it). Even so a time includes waits that are not the copy's — the receiver
-//! busy with its own sends, descheduled, or touching fresh pages — and those only ever add, so
-//! a path's estimate is the *least* of its recent times, not their average (an average of
-//! 4 MiB sends in a bidirectional exchange, a few 30 ms waits among 1 ms copies, chose the
-//! wrong path for good). It takes the faster path, and on every [`EXPLORE_EVERY`]-th timed send
+//! busy with its own sends, descheduled, or touching fresh pages — so a path's estimate is the
+//! *median* of its recent times, not their average: an average of 4 MiB sends in a
+//! bidirectional exchange, a few 30 ms waits among 1 ms copies, chose the wrong path for good.
+//! Not their least either: the path taken is timed often and the other only when explored, so
+//! the least of the other's rare times is a lucky one kept for long, and at 64 KiB, where the two
+//! are close, the choice then flipped back and forth (half the sends the slower way). It takes the faster path, and on every [`EXPLORE_EVERY`]-th timed send
 //! of a class the other one, so that an estimate gone stale after a move is refreshed; sends
 //! that cannot be timed always take the faster. Pure state: the transport passes the sizes and
 //! the times in.
@@ -50,9 +52,9 @@ impl CopyPath {
 
 /// One timed message of a class in this many goes the way that looks slower.
 pub(crate) const EXPLORE_EVERY: u32 = 32;
-/// Recent times kept per path and class: a move of the machine shows once this many samples
-/// were taken after it.
-pub(crate) const KEPT: usize = 4;
+/// Recent times kept per path and class: a move of the machine shows once half of this many
+/// samples were taken after it.
+pub(crate) const KEPT: usize = 5;
 /// Size classes: 2^15 (32 KiB) and below share the first, 2^30 and above the last.
 const FIRST_CLASS: u32 = 15;
 const CLASSES: usize = 16;
@@ -79,12 +81,16 @@ impl Recent {
         self.taken += 1;
     }
 
-    /// The least recent time, once there is one.
+    /// The median of the recent times (the lower one of an even count), once there is one.
     fn best(&self) -> Option<f64> {
-        self.samples[..self.taken.min(KEPT)]
-            .iter()
-            .copied()
-            .reduce(f64::min)
+        let n = self.taken.min(KEPT);
+        if n == 0 {
+            return None;
+        }
+        let mut kept = self.samples;
+        let kept = &mut kept[..n];
+        kept.sort_by(f64::total_cmp);
+        Some(kept[(n - 1) / 2])
     }
 }
 
@@ -163,8 +169,11 @@ mod tests {
         c.record(CopyPath::Pipelined, 1 << 20, us(50));
         c.record(CopyPath::SingleCopy, 1 << 20, us(90));
         assert_eq!(c.choose(1 << 20, false), CopyPath::Pipelined);
-        // Far apart now: the pipelined copy takes three times as long.
         for _ in 0..KEPT - 1 {
+            c.record(CopyPath::Pipelined, 1 << 20, us(50));
+        }
+        // Far apart now: the pipelined copy takes three times as long.
+        for _ in 0..KEPT / 2 {
             c.record(CopyPath::Pipelined, 1 << 20, us(150));
         }
         assert_eq!(c.choose(1 << 20, false), CopyPath::Pipelined);
@@ -179,11 +188,23 @@ mod tests {
         let mut c = PathChooser::default();
         c.record(CopyPath::Pipelined, 4 << 20, us(2_000));
         c.record(CopyPath::SingleCopy, 4 << 20, us(1_000));
-        // The receiver was busy elsewhere for two of the next three single copies.
-        for took in [30_000, 1_100, 40_000] {
+        // The receiver was busy elsewhere for two of the next four single copies.
+        for took in [30_000, 1_100, 40_000, 1_050] {
             c.record(CopyPath::SingleCopy, 4 << 20, us(took));
         }
         assert_eq!(c.choose(4 << 20, false), CopyPath::SingleCopy);
+    }
+
+    #[test]
+    fn one_lucky_time_of_the_path_not_taken_does_not_turn_the_choice() {
+        let mut c = PathChooser::default();
+        for _ in 0..KEPT {
+            c.record(CopyPath::SingleCopy, 64 * KIB, us(7));
+            c.record(CopyPath::Pipelined, 64 * KIB, us(9));
+        }
+        // An explored pipelined send that happened to run fast.
+        c.record(CopyPath::Pipelined, 64 * KIB, us(5));
+        assert_eq!(c.choose(64 * KIB, false), CopyPath::SingleCopy);
     }
 
     #[test]
