@@ -41,7 +41,7 @@ use super::segment::{SINGLE_COPY_YES, Segment};
 /// A record that did not fit yet.
 #[derive(Debug)]
 enum Queued {
-    /// A record built in full (inline frame, single-copy descriptor, `DONE`, `BYE`).
+    /// A record built in full (inline frame, single-copy descriptor, `BYE`).
     Record { kind: u8, body: Vec<u8> },
     /// A frame going out in pieces: its encoded header, its payload, and how many bytes of
     /// the two (concatenated) have been sent.
@@ -73,7 +73,7 @@ struct Timed {
 
 #[derive(Debug, PartialEq, Eq)]
 enum DoneWhen {
-    /// A single copy: when its `DONE` comes.
+    /// A single copy: when the receiver's count of payloads read passes this token.
     Read(u64),
     /// Pipelined, pieces still queued here.
     Pushed,
@@ -333,7 +333,7 @@ impl Outbound {
         true
     }
 
-    /// Queues a control record (`DONE`, `BYE`) and tries to send it.
+    /// Queues a control record (`BYE`) and tries to send it.
     pub(crate) fn send_control(&mut self, peer: &Segment, me: u32, kind: u8, body: &[u8]) -> bool {
         self.queue.push_back(Queued::Record {
             kind,
