@@ -459,6 +459,30 @@ fn segment_addresses_round_trip_and_junk_is_refused() {
     }
 }
 
+/// A "progress task" for rank `rank` of `t`: sleeps in `poll_arrival`, drains when woken and
+/// reports what arrived on the returned channel.
+fn progress_task(
+    t: &Arc<Vec<ShmTransport>>,
+    rank: usize,
+) -> (
+    tokio::task::JoinHandle<()>,
+    tokio::sync::mpsc::UnboundedReceiver<Arrival>,
+) {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let t = Arc::clone(t);
+    let task = tokio::spawn(async move {
+        loop {
+            std::future::poll_fn(|cx| t[rank].poll_arrival(cx)).await;
+            let mut out = Vec::new();
+            t[rank].drain(&mut out).unwrap();
+            for a in out {
+                let _ = tx.send(a);
+            }
+        }
+    });
+    (task, rx)
+}
+
 /// A future that busy-polls for a while and then finishes without parking (so nobody calls
 /// `waiter_parked`) must not leave the sleeping progress engine deaf: a later frame still wakes
 /// it.
@@ -467,21 +491,7 @@ async fn a_busy_poller_that_finishes_without_parking_leaves_the_rank_wakeable() 
     let t = Arc::new(job(2, settings(64 * 1024, true)));
     t[0].send(1, eager(0, vec![])).unwrap();
     assert_eq!(collect(&t[1], &[], 1).len(), 1);
-    // The "progress task": sleeps in poll_arrival, drains when woken, reports frames.
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let progress = {
-        let t = Arc::clone(&t);
-        tokio::spawn(async move {
-            loop {
-                std::future::poll_fn(|cx| t[1].poll_arrival(cx)).await;
-                let mut out = Vec::new();
-                t[1].drain(&mut out).unwrap();
-                for a in out {
-                    let _ = tx.send(a);
-                }
-            }
-        })
-    };
+    let (progress, mut rx) = progress_task(&t, 1);
     tokio::time::sleep(Duration::from_millis(20)).await;
     // A future spins for a moment and completes.
     t[1].begin_busy_poll();
@@ -506,20 +516,7 @@ async fn a_lost_wake_up_costs_a_look_not_the_job_and_is_counted() {
     let t = Arc::new(job(2, settings(64 * 1024, true)));
     t[0].send(1, eager(0, vec![])).unwrap();
     assert_eq!(collect(&t[1], &[], 1).len(), 1);
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let progress = {
-        let t = Arc::clone(&t);
-        tokio::spawn(async move {
-            loop {
-                std::future::poll_fn(|cx| t[1].poll_arrival(cx)).await;
-                let mut out = Vec::new();
-                t[1].drain(&mut out).unwrap();
-                for a in out {
-                    let _ = tx.send(a);
-                }
-            }
-        })
-    };
+    let (progress, mut rx) = progress_task(&t, 1);
     // Asleep on the armed doorbell.
     let until = Instant::now() + Duration::from_secs(5);
     while !t[1].rank.own.doorbell().is_armed() && Instant::now() < until {
