@@ -137,16 +137,7 @@ fn rw_bench_prints_a_ranks_counters_on_sigusr1() {
         assert!(Instant::now() < deadline, "no rank started");
         std::thread::sleep(Duration::from_millis(50));
     };
-    let sent = Command::new("kill")
-        .args(["-USR1", &rank])
-        .status()
-        .expect("kill runs");
-    assert!(sent.success());
-    std::thread::sleep(Duration::from_millis(500));
-    assert!(
-        job.try_wait().expect("job status").is_none(),
-        "the job goes on after the signal"
-    );
+    usr1_and_go_on(&mut job, &rank, "the job goes on after the signal");
     // Both ranks catch it by now (the other joined the job before rank `rank` could run).
     let deadline = Instant::now() + Duration::from_secs(30);
     while !std::fs::read_to_string(format!("/proc/{}/task/{}/children", job.id(), job.id()))
@@ -160,16 +151,8 @@ fn rw_bench_prints_a_ranks_counters_on_sigusr1() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    let forwarded = Command::new("kill")
-        .args(["-USR1", &job.id().to_string()])
-        .status()
-        .expect("kill runs");
-    assert!(forwarded.success());
-    std::thread::sleep(Duration::from_millis(500));
-    assert!(
-        job.try_wait().expect("job status").is_none(),
-        "rwrun forwards SIGUSR1 and goes on"
-    );
+    let rwrun = job.id().to_string();
+    usr1_and_go_on(&mut job, &rwrun, "rwrun forwards SIGUSR1 and goes on");
     let _ = Command::new("kill").arg(job.id().to_string()).status();
     let out = job.wait_with_output().expect("job ends");
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -400,4 +383,15 @@ fn sigkilled_rank_job(recv_only: bool) {
         );
     }
     assert!(started.elapsed() < Duration::from_secs(30));
+}
+
+/// Sends SIGUSR1 to process `pid` and checks, half a second later, that `job` still runs.
+fn usr1_and_go_on(job: &mut std::process::Child, pid: &str, why: &str) {
+    let sent = Command::new("kill")
+        .args(["-USR1", pid])
+        .status()
+        .expect("kill runs");
+    assert!(sent.success());
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(job.try_wait().expect("job status").is_none(), "{why}");
 }
