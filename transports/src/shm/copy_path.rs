@@ -18,10 +18,10 @@
 //! bidirectional exchange, a few 30 ms waits among 1 ms copies, chose the wrong path for good.
 //! Not their least either: the path taken is timed often and the other only when explored, so
 //! the least of the other's rare times is a lucky one kept for long, and at 64 KiB, where the two
-//! are close, the choice then flipped back and forth (half the sends the slower way). It takes the faster path, and on every [`EXPLORE_EVERY`]-th timed send
-//! of a class the other one, so that an estimate gone stale after a move is refreshed; sends
-//! that cannot be timed always take the faster. Pure state: the transport passes the sizes and
-//! the times in.
+//! are close, the choice then flipped back and forth (half the sends the slower way). It takes
+//! the faster path, and on every [`EXPLORE_EVERY`]-th timed send of a class the other one, so
+//! that an estimate gone stale after a move is refreshed; sends that cannot be timed always
+//! take the faster. Pure state: the transport passes the sizes and the times in.
 
 use std::time::Duration;
 

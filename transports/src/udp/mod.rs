@@ -173,6 +173,22 @@ struct Receiving {
     hot_since: u64,
 }
 
+/// The tokens of the sockets to read, in order, when the poller reported `tokens[..ready]`
+/// of a set whose route sockets have tokens `0..routes`.
+///
+/// Route sockets come first: when a lane opens, what its peer sent before is still queued on
+/// the route socket and must be read before what the lane gets. When the poller filled
+/// `tokens`, more sockets may be ready than it named, perhaps a route socket left out while
+/// its lanes are in: every route socket is read then (an empty one costs one system call).
+fn read_order(tokens: &mut [u64], ready: usize, routes: u64) -> impl Iterator<Item = u64> + '_ {
+    let truncated = ready == tokens.len();
+    let ready = &mut tokens[..ready];
+    ready.sort_unstable();
+    let route_tokens = (0..routes).filter(move |_| truncated);
+    let named = ready.iter().copied();
+    route_tokens.chain(named.filter(move |&t| !truncated || t >= routes))
+}
+
 /// Adds `r` to the sockets `poller` watches, under the next token; returns the token.
 fn watch(
     poller: &ReadyPoller,
@@ -638,14 +654,10 @@ impl Carrier for UdpCarrier {
         if ready == 0 {
             return Ok((0, false));
         }
-        // Route sockets (the lowest tokens) first: when a lane opens, what its peer sent before
-        // is still queued on the route socket, and must be read before what the lane gets.
-        tokens[..ready].sort_unstable();
         let sockets: Vec<Receiver> = {
             let rx = self.receivers.read().unwrap_or_else(|p| p.into_inner());
-            tokens[..ready]
-                .iter()
-                .filter_map(|&t| rx.get(t as usize).cloned().flatten())
+            read_order(&mut tokens, ready, self.sockets.len() as u64)
+                .filter_map(|t| rx.get(t as usize).cloned().flatten())
                 .collect()
         };
         let mut lanes_wanted = Vec::new();
@@ -653,7 +665,13 @@ impl Carrier for UdpCarrier {
         for r in &sockets {
             let got = out.len();
             let limit = end.min(got + PER_SOCKET);
-            more |= self.recv_from(&mut st, r, out, limit, &mut lanes_wanted)?;
+            let stopped = self.recv_from(&mut st, r, out, limit, &mut lanes_wanted)?;
+            more |= stopped;
+            // A route socket left with datagrams may hold what a peer sent before its lane
+            // opened: reading that lane now would put newer datagrams first. Come back.
+            if stopped && r.peer.is_none() {
+                break;
+            }
             // A lane becomes the hot one only while no route socket had anything: what came
             // before it opened has been read by then.
             if out.len() > got && r.peer.is_some() && sockets.iter().all(|s| s.peer.is_some()) {

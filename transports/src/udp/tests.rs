@@ -389,7 +389,10 @@ fn a_default_data_fragment_can_always_be_sent_segmented() {
 #[tokio::test]
 async fn a_peers_datagrams_move_to_its_lane_without_reordering() {
     let (a, b) = pair();
-    for i in 0..3u8 {
+    // More than one receive call reads from a socket, so the route socket still holds some
+    // when the lane has datagrams too.
+    let before = 2 * PER_SOCKET as u8 + 3;
+    for i in 0..before {
         a.send(0, 1, &[&[i]]).unwrap();
     }
     assert_eq!(a.lanes_open(), 1, "the first send opened a lane to b");
@@ -400,13 +403,14 @@ async fn a_peers_datagrams_move_to_its_lane_without_reordering() {
         b.recv_up_to(&mut out, 1).unwrap();
     }
     assert_eq!(b.lanes_open(), 1, "a known peer heard from gets a lane");
-    for i in 3..6u8 {
+    for i in before..before + 3 {
         a.send(0, 1, &[&[i]]).unwrap();
     }
     std::thread::sleep(Duration::from_millis(20));
-    out.extend(recv_n(&b, 5));
+    out.extend(recv_n(&b, usize::from(before) + 2));
     let got: Vec<u8> = out.iter().map(|d| d.bytes[0]).collect();
-    assert_eq!(got, [0, 1, 2, 3, 4, 5], "in order across the move");
+    let sent: Vec<u8> = (0..before + 3).collect();
+    assert_eq!(got, sent, "in order across the move");
     assert!(out.iter().all(|d| d.from == Some(0) && d.route == 0));
     // The lane, not the route socket, gets what a sends now; a stranger still reaches the
     // route socket and stays a stranger.
@@ -503,4 +507,15 @@ async fn a_peer_streaming_into_its_lane_does_not_starve_the_others() {
         .map(|d| d.bytes[0])
         .collect();
     assert_eq!(stream, (0..40).collect::<Vec<u8>>(), "the stream in order");
+}
+
+#[test]
+fn route_sockets_are_read_first_and_all_of_them_when_the_poller_named_too_few() {
+    let mut tokens = [7, 2, 0, 5, 0, 0];
+    let order: Vec<u64> = read_order(&mut tokens, 4, 2).collect();
+    assert_eq!(order, [0, 2, 5, 7], "named ones, the route socket first");
+    // A full answer: route socket 1 may be ready and unnamed; both are read, then the lanes.
+    let mut tokens = [9, 4, 0, 3];
+    let order: Vec<u64> = read_order(&mut tokens, 4, 2).collect();
+    assert_eq!(order, [0, 1, 3, 4, 9]);
 }
