@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::{Lcg, assert_pattern, pattern, within};
+use common::{Lcg, assert_pattern, pattern, within, within_showing};
 use rankweave::{Communicator, Config, Source, Tag, TransportKind};
 use rankweave_core::{Carrier, ChaosSpec, Transport};
 use rankweave_transports::chaos::ChaosCarrier;
@@ -99,7 +99,7 @@ async fn udp_with_reliability_delivers_every_size() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn udp_without_reliability_delivers_on_a_lossless_loopback() {
     let comms = udp::world(3, &udp_config(false)).unwrap();
-    within(all_pairs_exchange(comms.clone(), SIZES)).await;
+    within_showing(&comms, all_pairs_exchange(comms.clone(), SIZES)).await;
     let s = comms[1].stats();
     assert!(!s.transport.reliability);
     assert_eq!(s.transport.retransmissions, 0);

@@ -17,6 +17,20 @@ pub async fn within<F: Future>(f: F) -> F::Output {
     }
 }
 
+/// [`within`], and on a hang prints every rank's counters first: what a rank sent, received,
+/// dropped or still holds is what tells a lost message from a stuck engine.
+pub async fn within_showing<F: Future>(comms: &[rankweave::Communicator], f: F) -> F::Output {
+    match tokio::time::timeout(TEST_DEADLINE, f).await {
+        Ok(v) => v,
+        Err(_) => {
+            for c in comms {
+                eprintln!("rank {} at the deadline: {:#?}", c.rank(), c.stats());
+            }
+            panic!("test did not finish within {TEST_DEADLINE:?} (hang?)")
+        }
+    }
+}
+
 /// A deterministic pseudo-random byte pattern of `len` bytes for `seed` (xorshift64*), so a
 /// receiver can rebuild what the sender sent and compare byte for byte.
 pub fn pattern(seed: u64, len: usize) -> Vec<u8> {

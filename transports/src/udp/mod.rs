@@ -525,8 +525,10 @@ impl UdpCarrier {
             } else {
                 self.buffers.freeze(std::mem::take(&mut st.scratch))
             };
-            // A lane receives only from the address it is connected to.
-            let from = r.peer.or_else(|| {
+            // A lane receives only from the address it is connected to, once connected (see
+            // `socket::steer_unconnected_to_first`): anything else is told apart by address.
+            let lane_peer = r.peer.filter(|_| r.socket.is_connected_to(addr));
+            let from = lane_peer.or_else(|| {
                 let from = self.rank_of(&addr).or_else(|| self.identify(&addr, &bytes));
                 if let Some(rank) = from {
                     if !lanes_wanted.iter().any(|w| w.0 == rank && w.1 == r.route) {

@@ -519,3 +519,53 @@ fn route_sockets_are_read_first_and_all_of_them_when_the_poller_named_too_few() 
     let order: Vec<u64> = read_order(&mut tokens, 4, 2).collect();
     assert_eq!(order, [0, 1, 3, 4, 9]);
 }
+
+#[test]
+fn a_lane_between_its_bind_and_its_connect_catches_no_stray_datagram() {
+    use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+    let route = socket::RouteSocket::bind("127.0.0.1:0".parse().unwrap(), 1 << 20).unwrap();
+    // What a lane is before its connect: one more unconnected socket on the route's port.
+    let half = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP)).unwrap();
+    half.set_reuse_port(true).unwrap();
+    half.bind(&SockAddr::from(route.local_addr())).unwrap();
+    half.set_nonblocking(true).unwrap();
+    // Senders on 64 ports: a hash of the addresses would spread them over both sockets.
+    let senders: Vec<std::net::UdpSocket> = (0..64)
+        .map(|_| std::net::UdpSocket::bind("127.0.0.1:0").unwrap())
+        .collect();
+    for (i, s) in (0u8..).zip(&senders) {
+        s.send_to(&[i], route.local_addr()).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(20));
+    let mut buf = Vec::new();
+    let mut got = Vec::new();
+    while let Some((n, _)) = route.recv_into(&mut buf, 100).unwrap() {
+        got.extend_from_slice(&buf[..n]);
+    }
+    let mut stray = [std::mem::MaybeUninit::new(0u8); 8];
+    assert!(
+        half.recv(&mut stray).is_err(),
+        "the half-made lane got a datagram"
+    );
+    got.sort_unstable();
+    assert_eq!(got, (0..64).collect::<Vec<u8>>(), "all on the route socket");
+}
+
+#[tokio::test]
+async fn a_datagram_on_a_lane_from_another_address_is_told_by_its_address() {
+    let (a, b) = pair();
+    // A socket taken for rank 1's lane that is not connected to it (as a lane is before its
+    // connect): what comes on it from rank 0 is rank 0's.
+    let r = Receiver {
+        socket: Arc::clone(&b.sockets[0]),
+        route: 0,
+        peer: Some(1),
+    };
+    a.send(0, 1, &[b"x"]).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    let mut out = Vec::new();
+    let mut st = b.receiving.lock().unwrap();
+    b.recv_from(&mut st, &r, &mut out, 8, &mut Vec::new()).unwrap();
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].from, Some(0));
+}
