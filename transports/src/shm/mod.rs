@@ -1035,8 +1035,11 @@ impl Transport for ShmRank {
         Poll::Pending
     }
 
+    /// Also `true` while a send is held or timed: a busy poller then drains, and so observes
+    /// the receivers, on every turn, and a timed send's time ends when the receiver is done,
+    /// not when something next arrives (see `copy_path`).
     fn may_have_arrivals(&self) -> bool {
-        self.has_work()
+        self.has_work() || self.watching_peers.load(Ordering::Acquire) != 0
     }
 
     /// Takes no lock and no atomic read-modify-write in the common case, where a burst follows

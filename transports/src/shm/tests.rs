@@ -220,6 +220,9 @@ async fn large_payloads_are_read_in_bounded_batches_and_acknowledged_without_a_s
         t[0].send(1, eager(i, pattern(len, i))).unwrap();
     }
     assert_eq!(t[0].counters().single_copy_sent, 3);
+    // Nothing came for rank 0, but a busy poller there drains (and so observes the receiver)
+    // on every turn while it holds payloads.
+    assert!(t[0].may_have_arrivals());
     // Rank 0 parks: its doorbell is armed, so anything that must wake it signals.
     t[0].rank.own.doorbell().arm();
     let signals = t[1].counters().signals_sent;
@@ -247,6 +250,10 @@ async fn large_payloads_are_read_in_bounded_batches_and_acknowledged_without_a_s
     assert!(held(&t[0]));
     t[0].drain(&mut out).unwrap();
     assert!(!held(&t[0]), "every payload was released");
+    assert!(
+        !t[0].may_have_arrivals(),
+        "nothing held, nothing to look at"
+    );
 }
 
 #[tokio::test]

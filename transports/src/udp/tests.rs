@@ -565,7 +565,8 @@ async fn a_datagram_on_a_lane_from_another_address_is_told_by_its_address() {
     std::thread::sleep(Duration::from_millis(20));
     let mut out = Vec::new();
     let mut st = b.receiving.lock().unwrap();
-    b.recv_from(&mut st, &r, &mut out, 8, &mut Vec::new()).unwrap();
+    b.recv_from(&mut st, &r, &mut out, 8, &mut Vec::new())
+        .unwrap();
     assert_eq!(out.len(), 1);
     assert_eq!(out[0].from, Some(0));
 }
