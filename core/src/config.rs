@@ -71,6 +71,11 @@ pub struct ShmConfig {
     /// benchmark or a start-up barrier pays in full. Default 32 MiB (some 250 pairs of 128 KiB
     /// rings).
     pub prefault_bytes: usize,
+    /// `RANKWEAVE_SHM_HOT`: a sender goes back to the start of its ring once past this many
+    /// bytes whenever the receiver has already read what is there, so a pair that keeps up
+    /// works in a few cache-resident lines instead of sweeping the whole ring (a lagging
+    /// receiver still gets the whole ring). `0` turns it off. Default 4 KiB.
+    pub hot_window: usize,
 }
 
 impl Default for ShmConfig {
@@ -82,6 +87,7 @@ impl Default for ShmConfig {
             adaptive: true,
             single_copy: true,
             prefault_bytes: 32 * 1024 * 1024,
+            hot_window: 4 * 1024,
         }
     }
 }
@@ -302,6 +308,9 @@ impl Config {
         }
         if let Some(v) = get("RANKWEAVE_SHM_PREFAULT") {
             self.shm.prefault_bytes = parse_size("RANKWEAVE_SHM_PREFAULT", &v)?;
+        }
+        if let Some(v) = get("RANKWEAVE_SHM_HOT") {
+            self.shm.hot_window = parse_size("RANKWEAVE_SHM_HOT", &v)?;
         }
         if let Some(v) = get("RANKWEAVE_MAX_FRAME") {
             let n = parse_size("RANKWEAVE_MAX_FRAME", &v)?;
@@ -554,6 +563,7 @@ mod tests {
                 ("RANKWEAVE_SHM_SINGLE_COPY", "off"),
                 ("RANKWEAVE_SHM_ADAPTIVE", "off"),
                 ("RANKWEAVE_SHM_PREFAULT", "0"),
+                ("RANKWEAVE_SHM_HOT", "16k"),
             ]))
             .unwrap();
         assert_eq!(
@@ -565,6 +575,7 @@ mod tests {
                 adaptive: false,
                 single_copy: false,
                 prefault_bytes: 0,
+                hot_window: 16 * 1024,
             }
         );
         let e = Config::default()

@@ -323,6 +323,11 @@ pub mod ring_api {
             RingProducer(ring::RingProducer::new(&control.0, geometry.real(), key.0))
         }
 
+        /// `RingProducer::with_hot_window`.
+        pub fn with_hot_window(self, bytes: usize) -> RingProducer {
+            RingProducer(self.0.with_hot_window(bytes))
+        }
+
         /// `RingProducer::max_body`.
         pub fn max_body(&self) -> usize {
             self.0.max_body()

@@ -174,6 +174,65 @@ fn records_in_order_across_wrap() {
     });
 }
 
+/// (a′) Early wraps (the hot window): with a 32-byte window the producer starts again at
+/// offset 0 as soon as it finds that the consumer has released the space there, so whether a
+/// record goes to the start early or after the last one depends on how far the concurrent
+/// consumer has got. The first record always wraps early (the ring is empty at offset 64);
+/// the second does only if the consumer has already released the first and its filler. The
+/// record at offset 0 is published before the filler that leads to it: a consumer reading it
+/// before it is written, or a producer overwriting a filler or record not yet released, is a
+/// causality violation on the data area's cells. Records come out in order either way.
+#[test]
+fn early_wraps_race_the_consumer() {
+    model(|| {
+        let (r, p, mut c) = ring();
+        let mut p = p.with_hot_window(32);
+        advance(&r, &mut p, &mut c, &[8, 8]);
+        assert_eq!(p.position(), 64);
+        let r = Arc::new(r);
+        let records: Vec<Record> = vec![(1, body(1, 8)), (2, body(2, 8)), (3, body(3, 4))];
+        let producer = {
+            let r = r.clone();
+            let records = records.clone();
+            thread::spawn(move || {
+                for (kind, b) in &records {
+                    spin("producer on a full ring", SPINS, || {
+                        match p.try_push(&r.control, &r.data, *kind, &[b]) {
+                            Pushed::Done => Some(()),
+                            Pushed::Full => None,
+                            Pushed::TooLarge => panic!("body of {} refused", b.len()),
+                        }
+                    });
+                }
+                p.position()
+            })
+        };
+        let mut got = Vec::new();
+        while got.len() < records.len() {
+            let rec = spin("consumer on an empty ring", 2 * SPINS, || {
+                match pop(&mut c, &r) {
+                    Popped::Empty => None,
+                    Popped::Record(rec) => Some(rec),
+                    Popped::Corrupt => panic!("corrupt record after {got:?}"),
+                }
+            });
+            got.push(rec);
+            c.release(&r.control);
+        }
+        let end = producer.join().unwrap();
+        assert_eq!(got, records);
+        // The first record went to offset 0 of the next lap, [128, 160); each of the other two
+        // went after the last, or (the consumer had released everything) to the next lap's
+        // start: [160, 192) or [256, 288), then [192, 224), [256, 288), [288, 320) or [384, 416).
+        assert!(
+            [224, 288, 320, 416].contains(&end),
+            "the producer ended at position {end}"
+        );
+        assert_eq!(pop(&mut c, &r), Popped::Empty);
+        assert!(!r.control.has_unreleased(&r.data, GEOMETRY, key()));
+    });
+}
+
 /// The shared part of the back-pressure models: the ring and the producer's "signal" (the
 /// transport's datagram to the producer's signal socket), set by the consumer when `release`
 /// says the producer asked for space.

@@ -110,7 +110,8 @@ impl Outbound {
         let (control, _) = peer.ring(me)?;
         let geometry = peer.geometry();
         Some(Outbound {
-            producer: RingProducer::new(control, geometry, peer.ring_key(me)),
+            producer: RingProducer::new(control, geometry, peer.ring_key(me))
+                .with_hot_window(settings.hot_window),
             queue: VecDeque::new(),
             held: VecDeque::new(),
             next_token: 0,

@@ -10,6 +10,16 @@
 //!   reserved bytes — followed by its body. A record never wraps: when the next one does not
 //!   fit before the end of the data area, the producer fills the rest with a [`PAD`] record and
 //!   starts again at offset 0.
+//! * **Hot window.** The producer also starts again at offset 0 early, once past its *hot
+//!   window* (a few KiB), whenever the consumer has already released the space the record
+//!   needs there: a pair whose receiver keeps up then cycles through a few cache-resident
+//!   lines instead of sweeping the whole data area, and each record it writes finds its lines
+//!   in the writer's cache rather than a lap away. (Open MPI's fast boxes are small for the same
+//!   reason.) A lagging consumer is not waited for: the ring is then used whole. The filler
+//!   of an early wrap holds the rest of the data area until the consumer reads it, though, so
+//!   a burst of records right after one finds the ring full sooner; when that happens the
+//!   producer stops wrapping early for 2, 4, … up to 64 laps. The consumer cannot tell the two
+//!   kinds of wrap apart and need not.
 //! * **Positions.** `head` (bytes written by the producer) and `tail` (bytes released by the
 //!   consumer) count up forever as `u64`s; the offset in the data area is the count modulo the
 //!   capacity. The producer owns `head`, the consumer owns `tail`, each in its own cache line.
@@ -204,7 +214,22 @@ pub(crate) struct RingProducer {
     head: u64,
     /// The last `tail` read from the consumer: free space is at least `capacity - (head - it)`.
     tail_seen: u64,
+    /// Past this offset, start again at offset 0 if the consumer has released the space
+    /// there (see the [module docs](self)); the capacity: never early.
+    hot_window: usize,
+    /// The head position before which no further early wrap is tried: after one was declined
+    /// (each try may read the consumer's tail, a cache miss, so a lagging consumer is looked
+    /// at once per window, not once per record) or after one cost room.
+    next_wrap_try: u64,
+    /// Where the filler of the last early wrap starts, until the consumer is known to have
+    /// passed it or it has cost room.
+    early_filler: Option<u64>,
+    /// Early wraps that cost room in a row (capped): the next is tried only after `2^n` laps.
+    costly_wraps: u32,
 }
+
+/// Most laps of the ring an early wrap that cost room puts off the next try: `2^6`.
+const MAX_COSTLY_WRAPS: u32 = 6;
 
 impl RingProducer {
     /// The producer of the ring `control` (which it continues where it stands).
@@ -214,7 +239,22 @@ impl RingProducer {
             key,
             head: control.producer.head.load(Ordering::Relaxed),
             tail_seen: control.consumer.tail.load(Ordering::Acquire),
+            hot_window: geometry.capacity,
+            next_wrap_try: 0,
+            early_filler: None,
+            costly_wraps: 0,
         }
+    }
+
+    /// Starts again at offset 0 once past `bytes` of the data area when the consumer keeps
+    /// up (see the [module docs](self)); `0`, or a window of at least the capacity, never.
+    pub(crate) fn with_hot_window(mut self, bytes: usize) -> RingProducer {
+        self.hot_window = if bytes == 0 {
+            self.geometry.capacity
+        } else {
+            bytes.min(self.geometry.capacity)
+        };
+        self
     }
 
     /// The largest body [`try_push`](Self::try_push) accepts.
@@ -253,39 +293,90 @@ impl RingProducer {
         if body > self.geometry.max_body() || kind == PAD {
             return Pushed::TooLarge;
         }
-        let needed = self.needed(body);
+        let footprint = self.geometry.footprint(body);
+        let at = self.geometry.offset(self.head);
+        let to_end = self.geometry.capacity - at;
+        let wrap = footprint > to_end || self.wraps_early(control, at, to_end + footprint);
+        let needed = if wrap { to_end + footprint } else { footprint };
         if !self.has_room(needed) {
             self.tail_seen = control.consumer.tail.load(Ordering::Acquire);
             if !self.has_room(needed) {
+                self.note_full();
                 return Pushed::Full;
             }
         }
-        let mut at = self.geometry.offset(self.head);
-        let to_end = self.geometry.capacity - at;
-        if self.geometry.footprint(body) > to_end {
-            // SAFETY: [at, capacity) is free space (has_room counted it): the consumer does not
-            // read it until its stamp is there, and `at` is unit-aligned.
-            unsafe {
-                data.write(at + STAMP, &length_and_kind(to_end - RECORD_HEADER, PAD));
-                data.store_word(at, self.key.stamp(self.head), Ordering::Release);
-            }
-            self.head += to_end as u64;
-            at = 0;
+        if wrap && footprint <= to_end {
+            self.early_filler = Some(self.head);
         }
-        // SAFETY: as above, [at, at + footprint) is free space and in bounds; the stamp goes
-        // last, publishing what was written before it.
+        let start = if wrap {
+            self.head + to_end as u64
+        } else {
+            self.head
+        };
+        let record_at = if wrap { 0 } else { at };
+        // SAFETY: [record_at, record_at + footprint) is free space (has_room counted it), in
+        // bounds and unit-aligned: the consumer does not read it until its stamp is there. The
+        // stamp goes last, publishing what was written before it.
         unsafe {
-            data.write(at + STAMP, &length_and_kind(body, kind));
-            let mut pos = at + RECORD_HEADER;
+            data.write(record_at + STAMP, &length_and_kind(body, kind));
+            let mut pos = record_at + RECORD_HEADER;
             for part in parts {
                 data.write(pos, part);
                 pos += part.len();
             }
-            data.store_word(at, self.key.stamp(self.head), Ordering::Release);
+            data.store_word(record_at, self.key.stamp(start), Ordering::Release);
         }
-        self.head += self.geometry.footprint(body) as u64;
+        if wrap {
+            // The filler is published after the record it leads to, so a consumer that finds
+            // it finds the record already there at offset 0.
+            // SAFETY: [at, capacity) is free space too (counted in the wrap's room).
+            unsafe {
+                data.write(at + STAMP, &length_and_kind(to_end - RECORD_HEADER, PAD));
+                data.store_word(at, self.key.stamp(self.head), Ordering::Release);
+            }
+        }
+        self.head = start + footprint as u64;
         control.producer.head.store(self.head, Ordering::Release);
         Pushed::Done
+    }
+
+    /// Whether the record going to offset `at`, which needs `needed` bytes if it starts again
+    /// at offset 0, does so early: `at` is past the hot window and the consumer has released
+    /// that much (read from its tail if the last tail seen does not tell, at most once per
+    /// window while it lags).
+    fn wraps_early(&mut self, control: &RingControl, at: usize, needed: usize) -> bool {
+        if at < self.hot_window || self.head < self.next_wrap_try {
+            return false;
+        }
+        if !self.has_room(needed) {
+            self.tail_seen = control.consumer.tail.load(Ordering::Acquire);
+            if !self.has_room(needed) {
+                self.next_wrap_try = self.head + self.hot_window as u64;
+                return false;
+            }
+        }
+        if self.early_filler.take().is_some() {
+            // The consumer is past the last one's filler (it released more than that) and the
+            // ring never filled meanwhile: that one cost nothing.
+            self.costly_wraps = 0;
+        }
+        true
+    }
+
+    /// The ring is full. If it is full because of the last early wrap's filler — the consumer
+    /// lagged right after it, as in a burst of sends, and the filler still holds the rest of
+    /// the ring — early wraps were the wrong bet for this traffic: the next one waits `2^n`
+    /// laps, `n` growing with each such miss in a row.
+    fn note_full(&mut self) {
+        if self
+            .early_filler
+            .take()
+            .is_some_and(|filler| self.tail_seen <= filler)
+        {
+            self.costly_wraps = (self.costly_wraps + 1).min(MAX_COSTLY_WRAPS);
+            let laps = (self.geometry.capacity as u64) << self.costly_wraps;
+            self.next_wrap_try = self.head + laps;
+        }
     }
 
     /// Whether the consumer has released everything published before the producer stood at
@@ -558,6 +649,69 @@ mod tests {
             assert_eq!(pop(&mut c, &r), Popped::Record((ek, eb)));
         }
         assert_eq!(pop(&mut c, &r), Popped::Empty);
+    }
+
+    #[test]
+    fn a_producer_starts_again_early_while_its_consumer_keeps_up_and_backs_off_after_a_burst() {
+        let (r, g) = ring(1024, 64);
+        let mut p = RingProducer::new(&r.control, g, KEY).with_hot_window(256);
+        let mut c = RingConsumer::new(&r.control, g, KEY);
+        let offset = |p: &RingProducer| p.position() % 1024;
+        let read_all = |c: &mut RingConsumer, kind: u8, n: u8| {
+            for i in 0..n {
+                assert_eq!(pop(c, &r), Popped::Record((kind, vec![i; 40])));
+            }
+            c.release(&r.control);
+        };
+        let push = |p: &mut RingProducer, kind: u8, i: u8| {
+            p.try_push(&r.control, &r.data, kind, &[&[i; 40]])
+        };
+        // Read as written: the records stay within the window and the one record past it.
+        for i in 0..100u8 {
+            assert!(offset(&p) <= 256, "record {i} at offset {}", offset(&p));
+            assert_eq!(push(&mut p, 1, 0), Pushed::Done);
+            read_all(&mut c, 1, 1);
+            assert_eq!(pop(&mut c, &r), Popped::Empty);
+        }
+        assert!(
+            p.position() > 1024,
+            "the early wraps moved the positions on"
+        );
+        // A burst the consumer does not read, right after an early wrap: the filler holds the
+        // rest of the ring, so it fills after as many records as fit before the filler.
+        while offset(&p) != 256 {
+            assert_eq!(push(&mut p, 1, 0), Pushed::Done);
+            read_all(&mut c, 1, 1);
+        }
+        let mut n = 0;
+        while push(&mut p, 2, n) == Pushed::Done {
+            n += 1;
+        }
+        assert_eq!(n, 4, "records 0..4 fit before the filler at 256");
+        read_all(&mut c, 2, n);
+        // That cost room: for the next two laps the producer goes round the whole ring, and a
+        // burst fills all of it.
+        for kind in [3, 4] {
+            let mut n = 0;
+            while push(&mut p, kind, n) == Pushed::Done {
+                n += 1;
+            }
+            assert_eq!(
+                n, 16,
+                "burst {kind}: the whole ring, 16 records of 64 bytes"
+            );
+            read_all(&mut c, kind, n);
+        }
+        // Keeping up again: back within the window once the two laps are over.
+        for _ in 0..40 {
+            assert_eq!(push(&mut p, 4, 0), Pushed::Done);
+            read_all(&mut c, 4, 1);
+        }
+        for i in 0..20u8 {
+            assert!(offset(&p) <= 256, "record {i} at offset {}", offset(&p));
+            assert_eq!(push(&mut p, 5, 0), Pushed::Done);
+            read_all(&mut c, 5, 1);
+        }
     }
 
     #[test]
