@@ -3,7 +3,10 @@
 //! # Choice
 //!
 //! The `allreduce` override of [`CollectiveTuning`](rankweave_core::CollectiveTuning) if set;
-//! otherwise recursive doubling below `allreduce_large` bytes and Rabenseifner from there.
+//! otherwise recursive doubling below `allreduce_large` bytes and Rabenseifner from there —
+//! except on two ranks, which always exchange their whole vectors once (recursive doubling):
+//! there Rabenseifner's halving saves half of the combining but costs a second exchange, and
+//! measured 1.05–1.45× slower from 32 KiB to 1 MiB over shared memory.
 //! Recursive doubling and Rabenseifner keep rank order, so they serve every operation. The ring
 //! does not (a block's partial result travels around the ring, wrapping from rank n − 1 to 0), so
 //! a forced ring with a non-commutative operation falls back to the automatic choice.
@@ -58,7 +61,9 @@ pub(crate) async fn run<T: Element>(
 /// The algorithm for `len` elements (see the [module docs](self)).
 fn choose<T: Element>(cx: &Ctx, op: &ReduceOp<T>, len: usize) -> AllreduceAlgorithm {
     let tuning = &cx.comm.config().collectives;
-    let automatic = if len * size_of::<T>() < tuning.allreduce_large {
+    // Two ranks: one exchange of the whole vector. Rabenseifner's halving saves half of the
+    // combining but adds a second exchange, and measured slower at every size up to 1 MiB.
+    let automatic = if len * size_of::<T>() < tuning.allreduce_large || cx.size == 2 {
         AllreduceAlgorithm::RecursiveDoubling
     } else {
         AllreduceAlgorithm::Rabenseifner

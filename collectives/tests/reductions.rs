@@ -329,7 +329,7 @@ async fn reduce_of_large_vectors() {
 }
 
 /// Every algorithm, forced or chosen: the automatic choice takes recursive doubling below 64 KiB
-/// and Rabenseifner from there.
+/// and Rabenseifner from there (on two ranks, recursive doubling at every size).
 const ALLREDUCE_CHOICES: [Option<AllreduceAlgorithm>; 4] = [
     None,
     Some(AllreduceAlgorithm::RecursiveDoubling),
@@ -390,7 +390,7 @@ async fn allreduce_keeps_rank_order_with_every_algorithm() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allreduce_threshold_picks_rabenseifner_for_small_vectors_too() {
     // With the threshold at zero, every vector, even empty or shorter than the ranks, goes
-    // through Rabenseifner's uneven blocks.
+    // through Rabenseifner's uneven blocks (on three ranks and more: two always exchange once).
     let mut config = Config::default();
     config.collectives.allreduce_large = 0;
     for n in sizes() {
