@@ -209,6 +209,88 @@ async fn adaptive_sends_take_both_paths_and_time_each_to_its_end() {
     );
 }
 
+/// Drains both ranks, rank `first` first, until each got `n` arrivals (or 10 s passed).
+fn collect_both(t: &[ShmTransport], n: usize, first: usize) -> [Vec<Arrival>; 2] {
+    let mut got = [Vec::new(), Vec::new()];
+    let until = Instant::now() + Duration::from_secs(10);
+    while (got[0].len() < n || got[1].len() < n) && Instant::now() < until {
+        for r in [first, 1 - first] {
+            t[r].drain(&mut got[r]).unwrap();
+        }
+    }
+    got
+}
+
+/// Two ranks sending each other large frames at once (an exchange, as in a two-rank
+/// all-reduce) pipeline them up to `EXCHANGE_PIPELINED_MAX` whatever the chooser learned, and
+/// send longer ones by single copy; a ping-pong of large frames is no exchange.
+#[tokio::test]
+async fn an_exchange_of_large_frames_is_pipelined_up_to_its_limit_and_a_ping_pong_is_none() {
+    use super::outbound::EXCHANGE_PIPELINED_MAX;
+    let t = job(
+        2,
+        ShmConfig {
+            pipeline_max: 64 << 20,
+            adaptive: true,
+            ..settings(128 * 1024, true)
+        },
+    );
+    let exchanging = |r: usize| t[r].peer(1 - r as u32).unwrap().out.lock().is_exchanging();
+    let (small, large) = (100_000, EXCHANGE_PIPELINED_MAX + 1);
+    for i in 1..=8u64 {
+        t[0].send(1, eager(i, pattern(small, i))).unwrap();
+        assert_eq!(
+            payloads(collect(&t[1], &[&t[0]], 1), 0)[0].1,
+            pattern(small, i)
+        );
+        t[1].send(0, eager(i, pattern(small, i))).unwrap();
+        assert_eq!(
+            payloads(collect(&t[0], &[&t[1]], 1), 1)[0].1,
+            pattern(small, i)
+        );
+    }
+    assert!(
+        !exchanging(0) && !exchanging(1),
+        "a ping-pong is no exchange"
+    );
+    let before = [t[0].counters(), t[1].counters()];
+    let rounds = 8u64;
+    for i in 10..10 + rounds {
+        t[0].send(1, eager(i, pattern(small, i))).unwrap();
+        t[1].send(0, eager(i, pattern(small, 2 * i))).unwrap();
+        // Which rank reads first alternates, as it does between two processes: the one that
+        // reads first sees its own send still outstanding.
+        let [to0, to1] = collect_both(&t, 1, (i % 2) as usize);
+        assert_eq!(payloads(to0, 1)[0].1, pattern(small, 2 * i));
+        assert_eq!(payloads(to1, 0)[0].1, pattern(small, i));
+    }
+    for r in 0..2 {
+        let pipelined = t[r].counters().pipelined_sent - before[r].pipelined_sent;
+        // The first round or two go the chooser's way, until the overlap is seen.
+        assert!(
+            pipelined >= rounds - 2,
+            "rank {r}: {pipelined} of {rounds} pipelined"
+        );
+    }
+    // Longer than the limit: single copy, still as an exchange.
+    let before = [t[0].counters(), t[1].counters()];
+    for i in 20..22 {
+        t[0].send(1, eager(i, pattern(large, i))).unwrap();
+        t[1].send(0, eager(i, pattern(large, 2 * i))).unwrap();
+        let [to0, to1] = collect_both(&t, 1, (i % 2) as usize);
+        assert_eq!(payloads(to0, 1)[0].1, pattern(large, 2 * i));
+        assert_eq!(payloads(to1, 0)[0].1, pattern(large, i));
+    }
+    for r in 0..2 {
+        let c = t[r].counters();
+        assert_eq!(
+            c.single_copy_sent - before[r].single_copy_sent,
+            2,
+            "rank {r}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn large_payloads_are_read_in_bounded_batches_and_acknowledged_without_a_signal() {
     let t = job(2, settings(128 * 1024, true));
