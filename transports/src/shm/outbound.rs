@@ -104,6 +104,9 @@ pub(crate) struct Outbound {
     blocked: bool,
     /// Large sends still to make as an exchange (see [`peer_sent_large`](Self::peer_sent_large)).
     exchange_sends: u32,
+    /// Where the last pipelined frame ended in the ring, until the receiver is known to have
+    /// taken it.
+    pipelined_end: Option<u64>,
 }
 
 /// In an exchange, payloads up to this size are pipelined whatever the chooser says.
@@ -131,6 +134,7 @@ impl Outbound {
             counts: SendCounts::default(),
             blocked: false,
             exchange_sends: 0,
+            pipelined_end: None,
         })
     }
 
@@ -200,8 +204,8 @@ impl Outbound {
         }
     }
 
-    /// The peer's first record of a large frame was just read. If this rank's own large send
-    /// (or anything) to the peer is still outstanding — queued, held for reading, or not yet
+    /// The peer's first record of a large frame was just read. If this rank's own send to the
+    /// peer is still outstanding — queued, held for reading, or a pipelined frame not yet
     /// taken from the ring — the two are exchanging large messages, as in a two-rank
     /// all-reduce: the next [`EXCHANGE_MEMORY`] large sends up to [`EXCHANGE_PIPELINED_MAX`]
     /// are pipelined, longer ones go by single copy. There both ranks copy at once and the
@@ -210,10 +214,18 @@ impl Outbound {
     /// memory chapter).
     pub(crate) fn peer_sent_large(&mut self, peer: &Segment, me: u32) {
         self.observe(peer, me);
-        let unconsumed = peer.ring(me).is_some_and(|(control, _)| {
-            !self.producer.consumed_to(control, self.producer.position())
-        });
-        if !self.is_idle() || unconsumed {
+        // A pipelined frame all in the ring is outstanding until the receiver's tail passes
+        // it: one load of the receiver's line, made only while such a frame may be unread (a
+        // ping-pong by single copy makes none).
+        if let Some(end) = self.pipelined_end {
+            if peer
+                .ring(me)
+                .is_none_or(|(control, _)| self.producer.consumed_to(control, end))
+            {
+                self.pipelined_end = None;
+            }
+        }
+        if !self.is_idle() || self.pipelined_end.is_some() {
             self.exchange_sends = EXCHANGE_MEMORY;
         }
     }
@@ -405,7 +417,9 @@ impl Outbound {
         while let Some(front) = self.queue.front_mut() {
             let needed = match push_one(&mut self.producer, control, &data, front) {
                 Step::Finished => {
-                    self.queue.pop_front();
+                    if let Some(Queued::Pieces { .. }) = self.queue.pop_front() {
+                        self.pipelined_end = Some(self.producer.position());
+                    }
                     published = true;
                     // The timed pipelined send is the first to finish after it started (it
                     // started alone): now the receiver has to take its last piece.
