@@ -29,13 +29,10 @@ fn exchange(n: usize, sizes: Option<&str>, env: &[(&str, &str)]) {
     let out = run_with_deadline(cmd, Duration::from_secs(120));
     assert_every_rank_reported(&out, n, "bytes checked");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    // With single copy off every large payload is pipelined; a lower pipeline limit sends the
-    // larger ones by single copy. By default the transport chooses (ranks sending each other
-    // large messages at once pipeline them up to 256 KiB and send longer ones by single copy),
-    // so only the total is checked.
-    let single_copy_off = env.contains(&("RANKWEAVE_SHM_SINGLE_COPY", "off"));
-    let single_copy =
-        !single_copy_off && env.iter().any(|(k, _)| *k == "RANKWEAVE_SHM_PIPELINE_MAX");
+    // By default every payload up to 64 MiB is pipelined; a lower pipeline limit sends the
+    // larger ones by single copy.
+    let single_copy = !env.contains(&("RANKWEAVE_SHM_SINGLE_COPY", "off"))
+        && env.iter().any(|(k, _)| *k == "RANKWEAVE_SHM_PIPELINE_MAX");
     for line in stdout.lines().filter(|l| l.contains("bytes checked")) {
         // "(single copy S, pipelined P)": large messages really took the path under test. A
         // sender's first large message may go in pieces if the receiver has not yet mapped it
@@ -53,7 +50,7 @@ fn exchange(n: usize, sizes: Option<&str>, env: &[(&str, &str)]) {
         let (single, pieces) = (count("single copy "), count("pipelined "));
         if single_copy {
             assert!(single > pieces, "{line}");
-        } else if single_copy_off {
+        } else {
             assert_eq!(single, 0, "{line}");
         }
         assert!(single + pieces >= 3, "too few large messages: {line}");

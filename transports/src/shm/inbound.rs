@@ -51,8 +51,6 @@ pub(crate) struct ReadOutcome {
     /// The sender's single-copy payloads read so far, by token (see
     /// `segment::PairInfo::tokens_read`), when this read took one.
     pub(crate) tokens_read: Option<u64>,
-    /// Frames too long to go inline whose first record was read.
-    pub(crate) large_frames: usize,
 }
 
 #[derive(Debug)]
@@ -158,16 +156,14 @@ impl Inbound {
             && !stream.said_bye
             && !stream.broken
         {
-            let popped = self.consumer.pop(&data, |kind, body| {
-                let large = record::starts_large_frame(kind);
-                (large, stream.handle(kind, body, into, out))
-            });
+            let popped = self
+                .consumer
+                .pop(&data, |kind, body| stream.handle(kind, body, into, out));
             match popped {
                 Popped::Empty => break,
                 Popped::Corrupt => stream.broken = true,
-                Popped::Record((large, handled)) => {
+                Popped::Record(handled) => {
                     outcome.records += 1;
-                    outcome.large_frames += usize::from(large);
                     match handled {
                         Handled::Delivered(n) => outcome.bytes += n,
                         Handled::Malformed => outcome.malformed += 1,

@@ -740,13 +740,6 @@ impl ShmRank {
             if outcome.producer_waits {
                 self.nudge(peer);
             }
-            if outcome.large_frames > 0 {
-                let me = self.me.rank;
-                self.with_outbound(peer, |out| {
-                    out.peer_sent_large(&peer.segment, me);
-                    ((), false)
-                });
-            }
         }
         if records > 0 {
             bump(&self.counters.traffic, records);

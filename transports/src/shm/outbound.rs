@@ -102,18 +102,7 @@ pub(crate) struct Outbound {
     pub(crate) counts: SendCounts,
     /// Waiting for the receiver to free space (counted once per wait).
     blocked: bool,
-    /// Large sends still to make as an exchange (see [`peer_sent_large`](Self::peer_sent_large)).
-    exchange_sends: u32,
-    /// Where the last pipelined frame ended in the ring, until the receiver is known to have
-    /// taken it.
-    pipelined_end: Option<u64>,
 }
-
-/// In an exchange, payloads up to this size are pipelined whatever the chooser says.
-pub(crate) const EXCHANGE_PIPELINED_MAX: usize = 256 * 1024;
-/// How many large sends count as an exchange after one was seen: the pattern of a collective
-/// repeats, and the rank that sends first in one round may not see the overlap itself.
-const EXCHANGE_MEMORY: u32 = 4;
 
 impl Outbound {
     /// The sending side of the ring from `me` in `peer`'s segment.
@@ -133,8 +122,6 @@ impl Outbound {
             full_events: 0,
             counts: SendCounts::default(),
             blocked: false,
-            exchange_sends: 0,
-            pipelined_end: None,
         })
     }
 
@@ -204,32 +191,6 @@ impl Outbound {
         }
     }
 
-    /// The peer's first record of a large frame was just read. If this rank's own send to the
-    /// peer is still outstanding — queued, held for reading, or a pipelined frame not yet
-    /// taken from the ring — the two are exchanging large messages, as in a two-rank
-    /// all-reduce: the next [`EXCHANGE_MEMORY`] large sends up to [`EXCHANGE_PIPELINED_MAX`]
-    /// are pipelined, longer ones go by single copy. There both ranks copy at once and the
-    /// pipelined copy measured clearly faster up to that size, but each sender, timing its own
-    /// direction under the other's choice, would pick single copy (see the book's Shared
-    /// memory chapter).
-    pub(crate) fn peer_sent_large(&mut self, peer: &Segment, me: u32) {
-        self.observe(peer, me);
-        // A pipelined frame all in the ring is outstanding until the receiver's tail passes
-        // it: one load of the receiver's line, made only while such a frame may be unread (a
-        // ping-pong by single copy makes none).
-        if let Some(end) = self.pipelined_end {
-            if peer
-                .ring(me)
-                .is_none_or(|(control, _)| self.producer.consumed_to(control, end))
-            {
-                self.pipelined_end = None;
-            }
-        }
-        if !self.is_idle() || self.pipelined_end.is_some() {
-            self.exchange_sends = EXCHANGE_MEMORY;
-        }
-    }
-
     fn finish_timing(&mut self) {
         if let (Some(t), Some(chooser)) = (self.timed.take(), &mut self.chooser) {
             chooser.record(t.path, t.len, t.started.elapsed());
@@ -253,8 +214,6 @@ impl Outbound {
         wire::encode_header(&frame.header, frame.payload.len(), &mut &mut header[..]);
         let header = &header[..hlen];
         let total = hlen + frame.payload.len();
-        // An exchange's times would mislead the chooser (see `peer_sent_large`): not timed.
-        let exchange = total > self.inline_max && self.take_exchange();
         let queued = if total <= self.inline_max {
             // The common case, without an allocation: straight into the ring.
             if self.queue.is_empty() {
@@ -273,7 +232,7 @@ impl Outbound {
                 kind: record::FRAME,
                 body: [header, &frame.payload].concat(),
             }
-        } else if self.large_path(peer, me, frame.payload.len(), exchange) == CopyPath::SingleCopy {
+        } else if self.large_path(peer, me, frame.payload.len()) == CopyPath::SingleCopy {
             self.counts.single_copy += 1;
             let token = self.next_token;
             self.next_token += 1;
@@ -282,13 +241,11 @@ impl Outbound {
                 frame.payload.as_ptr() as u64,
                 frame.payload.len() as u64,
             );
-            if !exchange {
-                self.start_timing(
-                    CopyPath::SingleCopy,
-                    frame.payload.len(),
-                    DoneWhen::Read(token),
-                );
-            }
+            self.start_timing(
+                CopyPath::SingleCopy,
+                frame.payload.len(),
+                DoneWhen::Read(token),
+            );
             self.held.push_back((token, frame.payload));
             Queued::Record {
                 kind: record::SINGLE_COPY,
@@ -296,9 +253,7 @@ impl Outbound {
             }
         } else {
             self.counts.pipelined += 1;
-            if !exchange {
-                self.start_timing(CopyPath::Pipelined, frame.payload.len(), DoneWhen::Pushed);
-            }
+            self.start_timing(CopyPath::Pipelined, frame.payload.len(), DoneWhen::Pushed);
             Queued::Pieces {
                 header: header.to_vec(),
                 payload: frame.payload,
@@ -309,22 +264,8 @@ impl Outbound {
         self.flush(peer, me)
     }
 
-    /// Whether the next large send counts as part of an exchange.
-    #[cfg(test)]
-    pub(crate) fn is_exchanging(&self) -> bool {
-        self.exchange_sends > 0
-    }
-
-    /// Whether this large send is part of an exchange (counts it off).
-    fn take_exchange(&mut self) -> bool {
-        let exchange = self.exchange_sends > 0;
-        self.exchange_sends = self.exchange_sends.saturating_sub(1);
-        exchange
-    }
-
-    /// The path of a payload of `len` bytes, too long to go inline; `exchange`: the peer is
-    /// sending large messages to this rank at the same time.
-    fn large_path(&mut self, peer: &Segment, me: u32, len: usize, exchange: bool) -> CopyPath {
+    /// The path of a payload of `len` bytes, too long to go inline.
+    fn large_path(&mut self, peer: &Segment, me: u32, len: usize) -> CopyPath {
         let permitted = peer
             .pair_info(me)
             .is_some_and(|p| p.single_copy.load(Ordering::Acquire) == SINGLE_COPY_YES);
@@ -332,10 +273,6 @@ impl Outbound {
         match &mut self.chooser {
             _ if !permitted => CopyPath::Pipelined,
             _ if len > self.pipeline_max => CopyPath::SingleCopy,
-            Some(_) if exchange && len <= EXCHANGE_PIPELINED_MAX => CopyPath::Pipelined,
-            // Longer exchanges were faster by single copy; the chooser's times, taken one way,
-            // have nothing to say about them (and exchanges are not timed).
-            Some(_) if exchange => CopyPath::SingleCopy,
             Some(chooser) => chooser.choose(len, timed),
             None => CopyPath::Pipelined,
         }
@@ -417,9 +354,7 @@ impl Outbound {
         while let Some(front) = self.queue.front_mut() {
             let needed = match push_one(&mut self.producer, control, &data, front) {
                 Step::Finished => {
-                    if let Some(Queued::Pieces { .. }) = self.queue.pop_front() {
-                        self.pipelined_end = Some(self.producer.position());
-                    }
+                    self.queue.pop_front();
                     published = true;
                     // The timed pipelined send is the first to finish after it started (it
                     // started alone): now the receiver has to take its last piece.

@@ -24,11 +24,6 @@ pub(crate) const CHUNK: u8 = 4;
 /// Clean close.
 pub(crate) const BYE: u8 = 6;
 
-/// Whether a record of `kind` starts a frame too long to go inline (single copy or pieces).
-pub(crate) fn starts_large_frame(kind: u8) -> bool {
-    kind == SINGLE_COPY || kind == CHUNK_FIRST
-}
-
 /// Bytes before the frame header in a `SINGLE_COPY` body.
 pub(crate) const SINGLE_COPY_PREFIX: usize = 24;
 
