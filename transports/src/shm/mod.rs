@@ -619,8 +619,8 @@ impl ShmRank {
             return;
         }
         let me = self.me.rank;
-        for peer in self.connected_peers() {
-            self.with_outbound(&peer, |out| {
+        for peer in self.connected_list().iter() {
+            self.with_outbound(peer, |out| {
                 out.observe(&peer.segment, me);
                 ((), false)
             });
@@ -628,10 +628,14 @@ impl ShmRank {
     }
 
     fn connected_peers(&self) -> Vec<Arc<Peer>> {
-        self.connected
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.connected_list().clone()
+    }
+
+    /// The connected peers, read in place: for the loops a busy poll runs on every turn while a
+    /// payload is held or records wait (a copy of the list costs an allocation and a reference
+    /// count per peer each time). Nothing done under it may connect a peer (which writes it).
+    fn connected_list(&self) -> std::sync::RwLockReadGuard<'_, Vec<Arc<Peer>>> {
+        self.connected.read().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Whether records wait for ring space that has been freed.
@@ -646,7 +650,7 @@ impl ShmRank {
     #[inline(never)]
     fn can_flush_queued(&self) -> bool {
         let me = self.me.rank;
-        self.connected_peers().iter().any(|p| {
+        self.connected_list().iter().any(|p| {
             !p.gone.load(Ordering::Acquire)
                 && p.out
                     .try_lock()
@@ -666,12 +670,12 @@ impl ShmRank {
     #[cold]
     #[inline(never)]
     fn flush_queued_peers(&self) {
-        for peer in self.connected_peers() {
+        for peer in self.connected_list().iter() {
             if peer.gone.load(Ordering::Acquire) {
                 continue;
             }
             let me = self.me.rank;
-            let published = self.with_outbound(&peer, |out| {
+            let published = self.with_outbound(peer, |out| {
                 let published = out.flush(&peer.segment, me);
                 (published, published)
             });
