@@ -280,6 +280,16 @@ impl RingProducer {
         }
     }
 
+    /// Whether `needed` bytes are free: by the last tail seen, else by the consumer's tail
+    /// read now (a cache miss, so only when the one seen does not tell).
+    fn has_room_looking(&mut self, control: &RingControl, needed: usize) -> bool {
+        if self.has_room(needed) {
+            return true;
+        }
+        self.tail_seen = control.consumer.tail.load(Ordering::Acquire);
+        self.has_room(needed)
+    }
+
     /// Appends one record of kind `kind` (not [`PAD`]) whose body is the concatenation of
     /// `parts`, and publishes it.
     pub(crate) fn try_push(
@@ -298,12 +308,9 @@ impl RingProducer {
         let to_end = self.geometry.capacity - at;
         let wrap = footprint > to_end || self.wraps_early(control, at, to_end + footprint);
         let needed = if wrap { to_end + footprint } else { footprint };
-        if !self.has_room(needed) {
-            self.tail_seen = control.consumer.tail.load(Ordering::Acquire);
-            if !self.has_room(needed) {
-                self.note_full();
-                return Pushed::Full;
-            }
+        if !self.has_room_looking(control, needed) {
+            self.note_full();
+            return Pushed::Full;
         }
         if wrap && footprint <= to_end {
             self.early_filler = Some(self.head);
@@ -348,12 +355,9 @@ impl RingProducer {
         if at < self.hot_window || self.head < self.next_wrap_try {
             return false;
         }
-        if !self.has_room(needed) {
-            self.tail_seen = control.consumer.tail.load(Ordering::Acquire);
-            if !self.has_room(needed) {
-                self.next_wrap_try = self.head + self.hot_window as u64;
-                return false;
-            }
+        if !self.has_room_looking(control, needed) {
+            self.next_wrap_try = self.head + self.hot_window as u64;
+            return false;
         }
         if self.early_filler.take().is_some() {
             // The consumer is past the last one's filler (it released more than that) and the
