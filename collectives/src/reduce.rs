@@ -212,6 +212,16 @@ impl<T: Element> Reduction<T> {
         self.cx.size
     }
 
+    /// The collective's context (communicator and tag).
+    pub fn ctx(&self) -> &Ctx {
+        &self.cx
+    }
+
+    /// Whether the collective has failed on this rank (seen here or told by a peer).
+    pub fn has_failed(&self) -> bool {
+        self.fault.is_some()
+    }
+
     /// Posts the receive of the next message from `from`.
     pub fn post(&self, from: usize) -> Incoming {
         Incoming {
@@ -330,8 +340,9 @@ impl<T: Element> Reduction<T> {
         }
     }
 
-    /// Records a failure seen here (the first one wins).
-    fn fail(&mut self, error: Error) {
+    /// Records a failure seen here (the first one wins): from now on this rank sends fault
+    /// notices in place of data, and [`finish`](Self::finish) gives the error.
+    pub fn fail(&mut self, error: Error) {
         if self.fault.is_none() {
             let notice = encode_fault(self.cx.rank, &error);
             self.fault = Some(Fault { error, notice });

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use rankweave_collectives::{Collectives, Element, Op, ReduceOp, UserOp};
 use rankweave_core::tuning::AllreduceAlgorithm;
-use rankweave_core::{Config, Error};
+use rankweave_core::{Config, Error, TransportKind};
 
 mod common;
 use common::{job, job_with};
@@ -329,12 +329,15 @@ async fn reduce_of_large_vectors() {
 }
 
 /// Every algorithm, forced or chosen: the automatic choice takes recursive doubling below 64 KiB
-/// and Rabenseifner from there (on two ranks, recursive doubling at every size).
-const ALLREDUCE_CHOICES: [Option<AllreduceAlgorithm>; 4] = [
+/// and Rabenseifner from there (on two ranks, recursive doubling at every size). Direct reads
+/// decline between in-process ranks, which cannot read each other's memory through the
+/// transport, so that choice tests the fallback.
+const ALLREDUCE_CHOICES: [Option<AllreduceAlgorithm>; 5] = [
     None,
     Some(AllreduceAlgorithm::RecursiveDoubling),
     Some(AllreduceAlgorithm::Rabenseifner),
     Some(AllreduceAlgorithm::Ring),
+    Some(AllreduceAlgorithm::Direct),
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -383,6 +386,51 @@ async fn allreduce_keeps_rank_order_with_every_algorithm() {
             }
             let ordered = cases(&lengths, &[compose()], |_| 0);
             run_cases(Collective::AllReduce, n, &config, ordered).await;
+        }
+    }
+}
+
+/// Direct reads over shared memory (ranks of this process read each other's vectors with
+/// `process_vm_readv`, as processes do): forced, so that empty vectors, vectors shorter than the
+/// ranks and uneven blocks go that way too, with every commutative operation; a
+/// non-commutative one falls back to the automatic choice. With single copy off no rank may
+/// read another's memory, so all decline and the data go in messages. Which way a large
+/// all-reduce went shows in the bytes each rank sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allreduce_by_direct_reads_over_shared_memory() {
+    for single_copy in [true, false] {
+        let mut config = config_with(Some(AllreduceAlgorithm::Direct));
+        config.transport = TransportKind::Shm;
+        config.shm.single_copy = single_copy;
+        for n in [1, 2, 3, 4, 5, 8] {
+            let lengths = [0, 1, 7, 301, (1 << 15) + 3];
+            let all = Collective::AllReduce;
+            run_cases(all, n, &config, cases(&lengths, &int_ops::<u32>(), |_| 0)).await;
+            run_cases(all, n, &config, cases(&lengths, &float_ops(), |_| 0)).await;
+            run_cases(all, n, &config, cases(&lengths, &[compose()], |_| 0)).await;
+        }
+        let len = 1 << 17;
+        let got = job_with(4, &config, move |comm| async move {
+            let mine = vec![comm.rank() as u32 + 1; len];
+            let before = comm.stats().bytes_sent;
+            let sum = comm.all_reduce(&mine, Op::Sum).await?;
+            Ok::<_, Error>((sum, comm.stats().bytes_sent - before))
+        })
+        .await;
+        for (rank, r) in got.into_iter().enumerate() {
+            let (sum, sent) = r.unwrap();
+            assert!(sum.iter().all(|&v| v == 10), "rank {rank}: wrong sum");
+            if single_copy {
+                assert!(
+                    sent < 4096,
+                    "rank {rank} sent {sent} bytes: not by direct reads"
+                );
+            } else {
+                assert!(
+                    sent >= (len * 4 / 2) as u64,
+                    "rank {rank} sent only {sent} bytes"
+                );
+            }
         }
     }
 }
@@ -617,12 +665,7 @@ async fn bitwise_ops_on_floats_are_rejected_before_anything_is_sent() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eight_megabytes_reduced_by_every_algorithm() {
     let len = (8 << 20) / 8;
-    for algorithm in [
-        None,
-        Some(AllreduceAlgorithm::RecursiveDoubling),
-        Some(AllreduceAlgorithm::Rabenseifner),
-        Some(AllreduceAlgorithm::Ring),
-    ] {
+    for algorithm in ALLREDUCE_CHOICES {
         for n in [3usize, 4] {
             let got = job_with(n, &config_with(algorithm), move |comm| async move {
                 let mine: Vec<u64> = (0..len as u64).map(|i| i ^ comm.rank() as u64).collect();

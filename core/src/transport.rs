@@ -197,4 +197,25 @@ pub trait Transport: Send + Sync + 'static {
     fn stats(&self) -> TransportStats {
         TransportStats::default()
     }
+
+    /// Whether this rank may read world rank `peer`'s memory with
+    /// [`read_peer_memory`](Self::read_peer_memory): a peer on this host that the kernel lets
+    /// this process inspect (shared memory with cross-memory attach). May connect to the peer
+    /// to find out. The default says no.
+    fn can_read_peer_memory(&self, peer: u32) -> bool {
+        let _ = peer;
+        false
+    }
+
+    /// Copies `dst.len()` bytes at address `addr` of world rank `peer`'s process into `dst`,
+    /// without the peer taking part (one-sided, as an RDMA read). The caller arranges with the
+    /// peer, by messages, that the bytes are there and stay unchanged until it is done. Only
+    /// where [`can_read_peer_memory`](Self::can_read_peer_memory) says so; the default fails.
+    fn read_peer_memory(&self, peer: u32, addr: u64, dst: &mut [u8]) -> Result<(), TransportError> {
+        let _ = (peer, addr, dst);
+        Err(TransportError::Unavailable {
+            transport: "peer memory",
+            reason: "this transport cannot read a peer's memory".into(),
+        })
+    }
 }

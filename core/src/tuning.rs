@@ -5,7 +5,7 @@
 //! | variable | values | default |
 //! |---|---|---|
 //! | `RANKWEAVE_BCAST` | `auto`, `binomial`, `scatter_allgather`, `chain`, `multicast`, `channels` | `auto` |
-//! | `RANKWEAVE_ALLREDUCE` | `auto`, `recursive_doubling`, `rabenseifner`, `ring` | `auto` |
+//! | `RANKWEAVE_ALLREDUCE` | `auto`, `recursive_doubling`, `rabenseifner`, `ring`, `direct` | `auto` |
 //! | `RANKWEAVE_ALLGATHER` | `auto`, `recursive_doubling`, `bruck`, `ring` | `auto` |
 //! | `RANKWEAVE_ALLTOALL` | `auto`, `bruck`, `pairwise` | `auto` |
 //! | `RANKWEAVE_BARRIER` | `auto`, `dissemination`, `linear` | `auto` |
@@ -13,6 +13,7 @@
 //! | `RANKWEAVE_BCAST_LARGE` | bytes | 12 KiB: scatter + allgather from here (on more than 2 ranks) |
 //! | `RANKWEAVE_BCAST_CHAIN` | bytes | 4 MiB: pipelined chain from here |
 //! | `RANKWEAVE_ALLREDUCE_LARGE` | bytes | 64 KiB: reduce-scatter + allgather from here |
+//! | `RANKWEAVE_ALLREDUCE_DIRECT` | bytes | 1 MiB: commutative allreduces read their peers' vectors directly from here, where every rank is local and may (`0`: never) |
 //! | `RANKWEAVE_ALLGATHER_LARGE` | bytes (total gathered) | 512 KiB: ring from here |
 //! | `RANKWEAVE_ALLTOALL_LARGE` | bytes (per destination) | 256 B: pairwise exchange from here |
 //! | `RANKWEAVE_SEGMENT` | bytes | 128 KiB: pipeline segment of the chain broadcast |
@@ -62,6 +63,12 @@ pub enum AllreduceAlgorithm {
     Rabenseifner,
     /// Ring: reduce-scatter and allgather around a ring, 2(n−1) steps of 1/n of the vector.
     Ring,
+    /// Direct reads (commutative operations, every rank on this host with cross-memory attach
+    /// permitted; otherwise the automatic choice): each rank reads its block of every other
+    /// rank's vector straight from that rank's memory and reduces it, then reads the others'
+    /// finished blocks straight into its result. No message carries data, and nothing is
+    /// copied but by those reads.
+    Direct,
 }
 
 /// Allgather algorithms.
@@ -120,6 +127,10 @@ pub struct CollectiveTuning {
     /// `RANKWEAVE_ALLREDUCE_LARGE`: allreduces of at least this many bytes use reduce-scatter +
     /// allgather (Rabenseifner).
     pub allreduce_large: usize,
+    /// `RANKWEAVE_ALLREDUCE_DIRECT`: commutative allreduces of at least this many bytes use
+    /// [direct reads](AllreduceAlgorithm::Direct) where every rank of the communicator can read
+    /// the others' memory; `0` never does.
+    pub allreduce_direct: usize,
     /// `RANKWEAVE_ALLGATHER_LARGE`: allgathers collecting at least this many bytes in all use
     /// the ring.
     pub allgather_large: usize,
@@ -143,6 +154,7 @@ impl Default for CollectiveTuning {
             bcast_min_ranks: 8,
             bcast_chain: 4 << 20,
             allreduce_large: 64 * 1024,
+            allreduce_direct: 1 << 20,
             allgather_large: 512 * 1024,
             alltoall_large: 256,
             segment: 128 * 1024,
@@ -211,6 +223,7 @@ impl CollectiveTuning {
                     ("recursive_doubling", R::RecursiveDoubling),
                     ("rabenseifner", R::Rabenseifner),
                     ("ring", R::Ring),
+                    ("direct", R::Direct),
                 ],
             )?;
         }
@@ -232,10 +245,11 @@ impl CollectiveTuning {
                 &[("bruck", A::Bruck), ("pairwise", A::Pairwise)],
             )?;
         }
-        let sizes: [(&str, &mut usize); 6] = [
+        let sizes: [(&str, &mut usize); 7] = [
             ("RANKWEAVE_BCAST_LARGE", &mut self.bcast_large),
             ("RANKWEAVE_BCAST_CHAIN", &mut self.bcast_chain),
             ("RANKWEAVE_ALLREDUCE_LARGE", &mut self.allreduce_large),
+            ("RANKWEAVE_ALLREDUCE_DIRECT", &mut self.allreduce_direct),
             ("RANKWEAVE_ALLGATHER_LARGE", &mut self.allgather_large),
             ("RANKWEAVE_ALLTOALL_LARGE", &mut self.alltoall_large),
             ("RANKWEAVE_SEGMENT", &mut self.segment),
@@ -285,6 +299,7 @@ mod tests {
             ("RANKWEAVE_ALLGATHER", "auto"),
             ("RANKWEAVE_ALLTOALL", "pairwise"),
             ("RANKWEAVE_ALLREDUCE_LARGE", "1M"),
+            ("RANKWEAVE_ALLREDUCE_DIRECT", "0"),
             ("RANKWEAVE_SEGMENT", "8k"),
             ("RANKWEAVE_BCAST_MIN_RANKS", "4"),
             ("RANKWEAVE_BARRIER", "Linear"),
@@ -301,7 +316,11 @@ mod tests {
         assert_eq!(t.allgather, None);
         assert_eq!(t.alltoall, Some(AlltoallAlgorithm::Pairwise));
         assert_eq!(t.allreduce_large, 1 << 20);
+        assert_eq!(t.allreduce_direct, 0);
+        assert_eq!(CollectiveTuning::default().allreduce_direct, 1 << 20);
         assert_eq!(t.segment, 8192);
+        let t = with(&[("RANKWEAVE_ALLREDUCE", "direct")]).unwrap();
+        assert_eq!(t.allreduce, Some(AllreduceAlgorithm::Direct));
     }
 
     #[test]

@@ -103,6 +103,17 @@ impl Transport for SplitTransport {
         }
     }
 
+    fn can_read_peer_memory(&self, peer: u32) -> bool {
+        self.path(peer) == Ok(Path::SharedMemory) && self.local.can_read_peer_memory(peer)
+    }
+
+    fn read_peer_memory(&self, peer: u32, addr: u64, dst: &mut [u8]) -> Result<(), TransportError> {
+        match self.path(peer)? {
+            Path::SharedMemory => self.local.read_peer_memory(peer, addr, dst),
+            Path::Network => self.network.read_peer_memory(peer, addr, dst),
+        }
+    }
+
     fn send(&self, to: u32, frame: Frame) -> Result<(), TransportError> {
         match self.path(to)? {
             Path::SharedMemory => self.local.send(to, frame),

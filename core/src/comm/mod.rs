@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::config::Config;
-use crate::error::Error;
+use crate::error::{Error, TransportError};
 use crate::matching::Selector;
 use crate::multicast::{GroupId, MulticastGroup, MulticastSetup};
 use crate::protocol::SendStart;
@@ -565,6 +565,29 @@ impl Communicator {
             RecvNow::Pending(id) => ExchangeRecv::Waiting(RecvOp::pending(self.clone(), id)),
         };
         (sent, received)
+    }
+
+    /// Whether this rank may read `rank`'s memory directly
+    /// ([`read_memory_of`](Self::read_memory_of)): a rank on this host, over shared memory,
+    /// whose process the kernel lets this one inspect. For collective engines.
+    pub fn can_read_memory_of(&self, rank: usize) -> bool {
+        self.check_rank(rank)
+            .is_ok_and(|to| self.inner.driver.can_read_peer_memory(to))
+    }
+
+    /// Copies `dst.len()` bytes at address `addr` of `rank`'s process into `dst`, `rank` not
+    /// taking part (one-sided). For collective engines, which agree with `rank` by messages
+    /// where the bytes are and until when they stay unchanged. A rank that is gone gives
+    /// [`Error::PeerFailed`].
+    pub fn read_memory_of(&self, rank: usize, addr: u64, dst: &mut [u8]) -> Result<(), Error> {
+        let from = self.check_rank(rank)?;
+        self.inner
+            .driver
+            .read_peer_memory(from, addr, dst)
+            .map_err(|e| match e {
+                TransportError::PeerUnreachable(_) => Error::PeerFailed { rank },
+                e => Error::Transport(e),
+            })
     }
 
     /// Receives on this communicator's collective context (see

@@ -509,6 +509,21 @@ impl Driver {
         })
     }
 
+    /// See [`Transport::can_read_peer_memory`].
+    pub(crate) fn can_read_peer_memory(&self, peer: u32) -> bool {
+        self.transport.can_read_peer_memory(peer)
+    }
+
+    /// See [`Transport::read_peer_memory`].
+    pub(crate) fn read_peer_memory(
+        &self,
+        peer: u32,
+        addr: u64,
+        dst: &mut [u8],
+    ) -> Result<(), TransportError> {
+        self.transport.read_peer_memory(peer, addr, dst)
+    }
+
     /// Counters of this rank.
     pub(crate) fn stats(&self) -> Stats {
         let mut stats = self.lock().endpoint.stats();

@@ -12,20 +12,41 @@ pub(crate) fn read_into(pid: u32, addr: u64, len: usize, buf: &mut Vec<u8>) -> R
     if buf.capacity() - buf.len() < len {
         return Err("receive buffer too small".into());
     }
+    // SAFETY: within the spare capacity (checked above).
+    let dst = unsafe { buf.as_mut_ptr().add(buf.len()) };
+    // SAFETY: `dst..dst + len` is spare capacity of `buf`, writable and not otherwise borrowed.
+    unsafe { read_raw(pid, addr, dst, len)? };
+    // SAFETY: the kernel wrote exactly `len` bytes after the old length.
+    unsafe { buf.set_len(buf.len() + len) };
+    Ok(())
+}
+
+/// Reads `dst.len()` bytes at address `addr` of process `pid` into `dst`.
+pub(crate) fn read_slice(pid: u32, addr: u64, dst: &mut [u8]) -> Result<(), String> {
+    // SAFETY: `dst` is a writable, exclusively borrowed slice of that length.
+    unsafe { read_raw(pid, addr, dst.as_mut_ptr(), dst.len()) }
+}
+
+/// Reads `len` bytes at address `addr` of process `pid` to `dst`.
+///
+/// # Safety
+///
+/// `dst..dst + len` must be writable memory that nothing else reads or writes meanwhile.
+unsafe fn read_raw(pid: u32, addr: u64, dst: *mut u8, len: usize) -> Result<(), String> {
     let pid = libc::pid_t::try_from(pid).map_err(|_| format!("bad process id {pid}"))?;
     let mut done = 0usize;
     while done < len {
         let local = libc::iovec {
-            // SAFETY: within the spare capacity (checked above).
-            iov_base: unsafe { buf.as_mut_ptr().add(buf.len() + done) }.cast(),
+            // SAFETY: `done < len`, so within the caller's range.
+            iov_base: unsafe { dst.add(done) }.cast(),
             iov_len: len - done,
         };
         let remote = libc::iovec {
             iov_base: (addr as usize).wrapping_add(done) as *mut libc::c_void,
             iov_len: len - done,
         };
-        // SAFETY: the local iovec is writable spare capacity of `buf`; the remote one is only
-        // read by the kernel in the other process, which checks it.
+        // SAFETY: the local iovec is the caller's writable range (see the contract); the
+        // remote one is only read by the kernel in the other process, which checks it.
         let n = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
         if n <= 0 {
             return Err(format!(
@@ -40,8 +61,6 @@ pub(crate) fn read_into(pid: u32, addr: u64, len: usize, buf: &mut Vec<u8>) -> R
         }
         done += n as usize;
     }
-    // SAFETY: the kernel wrote exactly `len` bytes after the old length.
-    unsafe { buf.set_len(buf.len() + len) };
     Ok(())
 }
 
@@ -71,5 +90,9 @@ mod tests {
         );
         let mut small = Vec::with_capacity(4);
         assert!(read_into(std::process::id(), src.as_ptr() as u64, 8, &mut small).is_err());
+        let mut part = [0u8; 5];
+        read_slice(std::process::id(), src[7..].as_ptr() as u64, &mut part).unwrap();
+        assert_eq!(part, src[7..12]);
+        assert!(read_slice(std::process::id(), 8, &mut part).is_err());
     }
 }

@@ -113,6 +113,8 @@ pub trait SegmentDirectory: Send + Sync + 'static {
 struct Peer {
     rank: u32,
     pid: u32,
+    /// This process may read the peer's memory (`process_vm_readv`, probed at connection).
+    readable: bool,
     segment: Segment,
     out: SpinLock<Outbound>,
     signal_addr: SocketAddr,
@@ -325,6 +327,14 @@ impl Transport for ShmTransport {
         payload: &[&[u8]],
     ) -> Result<bool, TransportError> {
         self.rank.send_eager(to, envelope, payload)
+    }
+
+    fn can_read_peer_memory(&self, peer: u32) -> bool {
+        self.rank.can_read_peer_memory(peer)
+    }
+
+    fn read_peer_memory(&self, peer: u32, addr: u64, dst: &mut [u8]) -> Result<(), TransportError> {
+        self.rank.read_peer_memory(peer, addr, dst)
     }
 
     fn poll_arrival(&self, cx: &mut Context<'_>) -> Poll<()> {
@@ -577,6 +587,7 @@ impl ShmRank {
         Ok(Peer {
             rank,
             pid: addr.pid,
+            readable,
             out: SpinLock::new(out),
             signal_addr: signal::address(addr.nonce)?,
             segment,
@@ -1135,6 +1146,34 @@ impl Transport for ShmRank {
         let mut s = TransportStats::default();
         s.shm = self.counters();
         s
+    }
+
+    fn can_read_peer_memory(&self, peer: u32) -> bool {
+        self.peer(peer)
+            .is_ok_and(|p| p.readable && !p.gone.load(Ordering::Acquire))
+    }
+
+    fn read_peer_memory(&self, peer: u32, addr: u64, dst: &mut [u8]) -> Result<(), TransportError> {
+        let p = self.peer(peer)?;
+        if p.gone.load(Ordering::Acquire) {
+            return Err(TransportError::PeerUnreachable(peer as usize));
+        }
+        if !p.readable {
+            return Err(TransportError::Unavailable {
+                transport: "shared memory",
+                reason: format!("the kernel does not let this process read rank {peer}'s memory"),
+            });
+        }
+        cma::read_slice(p.pid, addr, dst).map_err(|message| {
+            if p.gone.load(Ordering::Acquire) {
+                TransportError::PeerUnreachable(peer as usize)
+            } else {
+                TransportError::Io {
+                    op: "reading a local peer's memory",
+                    message,
+                }
+            }
+        })
     }
 }
 

@@ -3,10 +3,12 @@
 //! # Choice
 //!
 //! The `allreduce` override of [`CollectiveTuning`](rankweave_core::CollectiveTuning) if set;
-//! otherwise recursive doubling below `allreduce_large` bytes and Rabenseifner from there —
-//! except on two ranks, which always exchange their whole vectors once (recursive doubling):
-//! there Rabenseifner's halving saves half of the combining but costs a second exchange, and
-//! measured 1.05–1.45× slower from 32 KiB to 1 MiB over shared memory.
+//! otherwise, for a commutative operation from `allreduce_direct` bytes on, [direct reads](direct)
+//! where every rank can read the others' memory; else recursive doubling below
+//! `allreduce_large` bytes and Rabenseifner from there — except on two ranks, which always
+//! exchange their whole vectors once (recursive doubling): there Rabenseifner's halving saves
+//! half of the combining but costs a second exchange, and measured 1.05–1.45× slower from
+//! 32 KiB to 1 MiB over shared memory.
 //! Recursive doubling and Rabenseifner keep rank order, so they serve every operation. The ring
 //! does not (a block's partial result travels around the ring, wrapping from rank n − 1 to 0), so
 //! a forced ring with a non-commutative operation falls back to the automatic choice.
@@ -39,6 +41,9 @@ use rankweave_core::Error;
 use rankweave_core::tuning::AllreduceAlgorithm;
 
 use crate::ctx::{Ctx, powers_of_two_below};
+use direct::Outcome;
+
+mod direct;
 use crate::reduce::{Reduction, Side, Theirs, block, even_bounds};
 use crate::{CollectiveOp, Element, ReduceOp};
 
@@ -54,24 +59,56 @@ pub(crate) async fn run<T: Element>(
         // Boxed, as the large broadcasts are: the small-message future stays small.
         AllreduceAlgorithm::Rabenseifner => Box::pin(rabenseifner(&mut reduction, data)).await?,
         AllreduceAlgorithm::Ring => Box::pin(ring(&mut reduction, data)).await?,
+        AllreduceAlgorithm::Direct => Box::pin(direct_or_messages(&mut reduction, data)).await?,
     };
     reduction.finish(result)
+}
+
+/// Direct reads where every rank can make them, else the automatic choice among the others.
+async fn direct_or_messages<T: Element>(
+    reduction: &mut Reduction<T>,
+    data: Vec<T>,
+) -> Result<Vec<T>, Error> {
+    match direct::direct(reduction, data).await? {
+        Outcome::Ran(result) => Ok(result),
+        Outcome::Declined(data) => {
+            let bytes = data.len() * size_of::<T>();
+            if by_messages(reduction.ctx(), bytes) == AllreduceAlgorithm::RecursiveDoubling {
+                recursive_doubling(reduction, data).await
+            } else {
+                rabenseifner(reduction, data).await
+            }
+        }
+    }
 }
 
 /// The algorithm for `len` elements (see the [module docs](self)).
 fn choose<T: Element>(cx: &Ctx, op: &ReduceOp<T>, len: usize) -> AllreduceAlgorithm {
     let tuning = &cx.comm.config().collectives;
+    let bytes = len * size_of::<T>();
+    let direct = tuning.allreduce_direct > 0 && bytes >= tuning.allreduce_direct;
+    let automatic = if direct && op.is_commutative() {
+        AllreduceAlgorithm::Direct
+    } else {
+        by_messages(cx, bytes)
+    };
+    match tuning.allreduce {
+        Some(AllreduceAlgorithm::Ring | AllreduceAlgorithm::Direct) if !op.is_commutative() => {
+            automatic
+        }
+        Some(forced) => forced,
+        None => automatic,
+    }
+}
+
+/// The automatic choice among the algorithms that send the data in messages.
+fn by_messages(cx: &Ctx, bytes: usize) -> AllreduceAlgorithm {
     // Two ranks: one exchange of the whole vector. Rabenseifner's halving saves half of the
     // combining but adds a second exchange, and measured slower at every size up to 1 MiB.
-    let automatic = if len * size_of::<T>() < tuning.allreduce_large || cx.size == 2 {
+    if bytes < cx.comm.config().collectives.allreduce_large || cx.size == 2 {
         AllreduceAlgorithm::RecursiveDoubling
     } else {
         AllreduceAlgorithm::Rabenseifner
-    };
-    match tuning.allreduce {
-        Some(AllreduceAlgorithm::Ring) if !op.is_commutative() => automatic,
-        Some(forced) => forced,
-        None => automatic,
     }
 }
 

@@ -1,0 +1,192 @@
+//! Allreduce by direct reads, for ranks that can read each other's memory (shared memory with
+//! cross-memory attach): no message carries data, and nothing is copied but by the reads.
+//!
+//! The vector is cut into n nearly equal blocks; rank r owns block r. Three rounds of small
+//! messages, each rank to every other, order the reads:
+//!
+//! 1. **Announce.** Each rank sends the address and length of its vector, and whether it can
+//!    read every other rank's memory. Every rank then knows the same things: if some rank
+//!    cannot, they all decline, having read nothing, and the caller runs another algorithm; if
+//!    the lengths differ, they all fail.
+//! 2. **Reduce, then ready.** Each rank reads block r of every other vector (in pieces of
+//!    [`PIECE`] bytes, which stay in cache) and combines it into block r of its own, then tells
+//!    everyone its block is final. Nobody else reads block r of this rank's vector, so it can
+//!    change while the others read their blocks of it.
+//! 3. **Gather, then done.** On hearing that rank q is ready, a rank reads q's finished block
+//!    straight into block q of its own vector (q has read that block of ours by then: it said
+//!    so by being ready), then tells everyone it is done reading. A rank returns its vector —
+//!    to a caller who may change or free it — only once every other rank is done with it.
+//!
+//! Per rank that is (n − 1)/n of the vector read to reduce and as much read into place, against
+//! Rabenseifner's messages, each copied into a send buffer first and out of the receive buffer
+//! after. Only commutative operations use it: the blocks are combined in the order they are
+//! read.
+//!
+//! A failure does not stop a rank's schedule: it records the error, skips its reads, and sends
+//! fault notices in place of "ready" and "done" (the [reduction messages](crate::reduce) with no
+//! elements), so every rank finishes, with the error, and none waits for a message that never
+//! comes. A rank that is gone makes its peers' reads and receives fail at once.
+
+use bytes::{BufMut, Bytes, BytesMut};
+use rankweave_core::Error;
+
+use crate::Element;
+use crate::ctx::length_mismatch;
+use crate::reduce::{Reduction, block, even_bounds};
+
+/// Bytes read from a peer at a time while reducing: a piece is combined while it is in cache,
+/// and the scratch buffer stays small.
+pub(crate) const PIECE: usize = 64 * 1024;
+
+/// An announcement: the vector's address (u64 LE), its length in elements (u64 LE), and 1 if
+/// the sender can read every other rank's memory, else 0.
+const ANNOUNCEMENT: usize = 17;
+
+/// How a direct allreduce ended.
+pub(crate) enum Outcome<T> {
+    /// It ran: the result, or the failure recorded in the reduction.
+    Ran(Vec<T>),
+    /// Some rank cannot read every other's memory, so nobody read anything: `data` is as it
+    /// was, for another algorithm.
+    Declined(Vec<T>),
+}
+
+/// The direct allreduce of `data` (see the [module docs](self)).
+pub(crate) async fn direct<T: Element>(
+    reduction: &mut Reduction<T>,
+    mut data: Vec<T>,
+) -> Result<Outcome<T>, Error> {
+    let cx = reduction.ctx().clone();
+    let (n, me) = (cx.size, cx.rank);
+    // From the next rank on, so that not every rank reads from rank 0 first.
+    let peers = move || (1..n).map(move |k| (me + k) % n);
+
+    // 1. Announce.
+    let able = peers().all(|q| cx.comm.can_read_memory_of(q));
+    let mine = announcement(data.as_ptr() as u64, data.len(), able);
+    let arriving: Vec<_> = peers()
+        .map(|q| (q, cx.comm.collective_recv(q, cx.tag)))
+        .collect();
+    let sent: Vec<_> = peers().map(|q| cx.send(q, mine.clone())).collect();
+    let mut addrs = vec![0u64; n];
+    let mut everyone_able = able;
+    for (q, recv) in arriving {
+        let heard = recv.await.and_then(|m| parse(q, &m.into_data()));
+        match heard {
+            Ok((_, len, _)) if len != data.len() => {
+                reduction.fail(length_mismatch(q, data.len(), len))
+            }
+            Ok((addr, _, able)) => {
+                addrs[q] = addr;
+                everyone_able &= able;
+            }
+            Err(e) => reduction.fail(e),
+        }
+    }
+    for s in sent {
+        if let Err(e) = s.await {
+            reduction.fail(e);
+        }
+    }
+    if !everyone_able && !reduction.has_failed() {
+        return Ok(Outcome::Declined(data));
+    }
+
+    // 2. Reduce this rank's block, then say it is ready.
+    let bounds = even_bounds(data.len(), n);
+    let elem = size_of::<T>().max(1);
+    let own = block(&bounds, me);
+    if !reduction.has_failed() && !own.is_empty() {
+        let mut scratch = vec![T::zeroed(); (PIECE / elem).clamp(1, own.len())];
+        'peers: for q in peers() {
+            for start in own.clone().step_by(scratch.len()) {
+                let piece = start..(start + scratch.len()).min(own.end);
+                let theirs = &mut scratch[..piece.len()];
+                let at = addrs[q] + (piece.start * elem) as u64;
+                if let Err(e) = cx
+                    .comm
+                    .read_memory_of(q, at, bytemuck::cast_slice_mut(theirs))
+                {
+                    reduction.fail(e);
+                    break 'peers;
+                }
+                reduction.combine_lower(theirs, &mut data[piece]);
+            }
+        }
+    }
+    let ready: Vec<_> = peers().map(|q| (q, reduction.post(q))).collect();
+    let done: Vec<_> = peers().map(|q| reduction.post(q)).collect();
+    let said_ready: Vec<_> = peers().map(|q| reduction.send(q, &[])).collect();
+
+    // 3. Read each block as its owner says it is final, then say this rank is done.
+    for (q, incoming) in ready {
+        match reduction.receive(incoming, 0).await {
+            Ok(Some(_)) => {
+                let theirs = block(&bounds, q);
+                let at = addrs[q] + (theirs.start * elem) as u64;
+                let into = bytemuck::cast_slice_mut(&mut data[theirs]);
+                if let Err(e) = cx.comm.read_memory_of(q, at, into) {
+                    reduction.fail(e);
+                }
+            }
+            Ok(None) => {}
+            Err(e) => reduction.fail(e),
+        }
+    }
+    let said_done: Vec<_> = peers().map(|q| reduction.send(q, &[])).collect();
+    for incoming in done {
+        if let Err(e) = reduction.receive(incoming, 0).await {
+            reduction.fail(e);
+        }
+    }
+    for s in said_ready.into_iter().chain(said_done) {
+        if let Err(e) = s.await {
+            reduction.fail(e);
+        }
+    }
+    Ok(Outcome::Ran(data))
+}
+
+fn announcement(addr: u64, len: usize, able: bool) -> Bytes {
+    let mut b = BytesMut::with_capacity(ANNOUNCEMENT);
+    b.put_u64_le(addr);
+    b.put_u64_le(len as u64);
+    b.put_u8(u8::from(able));
+    b.freeze()
+}
+
+/// An announcement from `from`: (address, length, able). Anything else is [`Error::Protocol`].
+fn parse(from: usize, m: &[u8]) -> Result<(u64, usize, bool), Error> {
+    let bad = || Error::Protocol {
+        peer: from,
+        detail: format!(
+            "malformed direct-allreduce announcement ({} bytes)",
+            m.len()
+        ),
+    };
+    if m.len() != ANNOUNCEMENT || m[16] > 1 {
+        return Err(bad());
+    }
+    let word = |at: usize| u64::from_le_bytes(m[at..at + 8].try_into().unwrap_or_default());
+    let len = usize::try_from(word(8)).map_err(|_| bad())?;
+    Ok((word(0), len, m[16] == 1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn announcements_round_trip_and_bad_ones_are_protocol_errors() {
+        let a = announcement(0xdead_beef, 12345, true);
+        assert_eq!(parse(3, &a).unwrap(), (0xdead_beef, 12345, true));
+        let b = announcement(8, 0, false);
+        assert_eq!(parse(3, &b).unwrap(), (8, 0, false));
+        for bad in [&a[..16], &[0u8; 18][..], &[2u8; 17][..]] {
+            match parse(3, bad) {
+                Err(Error::Protocol { peer: 3, .. }) => {}
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+}
