@@ -36,7 +36,7 @@ use crate::reduce::{Reduction, block, even_bounds};
 
 /// Bytes read from a peer at a time while reducing: a piece is combined while it is in cache,
 /// and the scratch buffer stays small.
-pub(crate) const PIECE: usize = 64 * 1024;
+pub(crate) const PIECE: usize = 256 * 1024;
 
 /// An announcement: the vector's address (u64 LE), its length in elements (u64 LE), and 1 if
 /// the sender can read every other rank's memory, else 0.
@@ -56,6 +56,11 @@ pub(crate) async fn direct<T: Element>(
     reduction: &mut Reduction<T>,
     mut data: Vec<T>,
 ) -> Result<Outcome<T>, Error> {
+    let elem = size_of::<T>();
+    if elem == 0 {
+        // Nothing to read (and no byte view of zero-sized elements): every rank declines alike.
+        return Ok(Outcome::Declined(data));
+    }
     let cx = reduction.ctx().clone();
     let (n, me) = (cx.size, cx.rank);
     // From the next rank on, so that not every rank reads from rank 0 first.
@@ -94,7 +99,6 @@ pub(crate) async fn direct<T: Element>(
 
     // 2. Reduce this rank's block, then say it is ready.
     let bounds = even_bounds(data.len(), n);
-    let elem = size_of::<T>().max(1);
     let own = block(&bounds, me);
     if !reduction.has_failed() && !own.is_empty() {
         let mut scratch = vec![T::zeroed(); (PIECE / elem).clamp(1, own.len())];
