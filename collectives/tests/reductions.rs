@@ -7,13 +7,14 @@
 
 use std::fmt::Debug;
 use std::sync::Arc;
+use std::time::Duration;
 
 use rankweave_collectives::{Collectives, Element, Op, ReduceOp, UserOp};
 use rankweave_core::tuning::AllreduceAlgorithm;
 use rankweave_core::{Config, Error, TransportKind};
 
 mod common;
-use common::{job, job_with};
+use common::{job, job_with, job_within};
 
 fn config_with(allreduce: Option<AllreduceAlgorithm>) -> Config {
     let mut config = Config::default();
@@ -432,6 +433,31 @@ async fn allreduce_by_direct_reads_over_shared_memory() {
                 );
             }
         }
+    }
+}
+
+/// A direct all-reduce whose third rank is gone fails on the other two with `PeerFailed`, and
+/// neither waits for a message that cannot come: each records the failure, skips its reads and
+/// sends the other fault notices in place of "ready" and "done".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_direct_allreduce_fails_without_hanging_when_a_rank_is_gone() {
+    let mut config = config_with(Some(AllreduceAlgorithm::Direct));
+    config.transport = TransportKind::Shm;
+    let results = job_within(3, &config, Duration::from_secs(20), |comm| async move {
+        if comm.rank() == 2 {
+            // Leaves at once: its communicator is dropped and its transport closed.
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        Some(comm.all_reduce(&vec![1u32; 1000], Op::Sum).await)
+    })
+    .await;
+    for (rank, r) in results.into_iter().take(2).enumerate() {
+        assert_eq!(
+            r.expect("ranks 0 and 1 run the all-reduce"),
+            Err(Error::PeerFailed { rank: 2 }),
+            "rank {rank}"
+        );
     }
 }
 
