@@ -106,7 +106,8 @@ pub(crate) async fn direct<T: Element>(
             for start in own.clone().step_by(scratch.len()) {
                 let piece = start..(start + scratch.len()).min(own.end);
                 let theirs = &mut scratch[..piece.len()];
-                let at = addrs[q] + (piece.start * elem) as u64;
+                // A bogus announced address is for the kernel to refuse, not a panic here.
+                let at = addrs[q].wrapping_add((piece.start * elem) as u64);
                 if let Err(e) = cx
                     .comm
                     .read_memory_of(q, at, bytemuck::cast_slice_mut(theirs))
@@ -127,7 +128,7 @@ pub(crate) async fn direct<T: Element>(
         match reduction.receive(incoming, 0).await {
             Ok(Some(_)) => {
                 let theirs = block(&bounds, q);
-                let at = addrs[q] + (theirs.start * elem) as u64;
+                let at = addrs[q].wrapping_add((theirs.start * elem) as u64);
                 let into = bytemuck::cast_slice_mut(&mut data[theirs]);
                 if let Err(e) = cx.comm.read_memory_of(q, at, into) {
                     reduction.fail(e);
