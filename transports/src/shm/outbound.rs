@@ -216,17 +216,8 @@ impl Outbound {
         let total = hlen + frame.payload.len();
         let queued = if total <= self.inline_max {
             // The common case, without an allocation: straight into the ring.
-            if self.queue.is_empty() {
-                if let Some((control, data)) = peer.ring(me) {
-                    let parts = [header, &frame.payload[..]];
-                    if self
-                        .producer
-                        .try_push(control, &data, record::FRAME, &parts)
-                        == Pushed::Done
-                    {
-                        return true;
-                    }
-                }
+            if self.push_now(peer, me, record::FRAME, &[header, &frame.payload[..]]) {
+                return true;
             }
             Queued::Record {
                 kind: record::FRAME,
@@ -247,6 +238,10 @@ impl Outbound {
                 DoneWhen::Read(token),
             );
             self.held.push_back((token, frame.payload));
+            // As an inline frame: straight into the ring, without an allocation.
+            if self.push_now(peer, me, record::SINGLE_COPY, &[&prefix[..], header]) {
+                return true;
+            }
             Queued::Record {
                 kind: record::SINGLE_COPY,
                 body: [&prefix[..], header].concat(),
@@ -262,6 +257,15 @@ impl Outbound {
         };
         self.queue.push_back(queued);
         self.flush(peer, me)
+    }
+
+    /// Pushes a record made of `parts` straight into the peer's ring if nothing is queued
+    /// ahead of it and it fits now; whether it did.
+    fn push_now(&mut self, peer: &Segment, me: u32, kind: u8, parts: &[&[u8]]) -> bool {
+        self.queue.is_empty()
+            && peer.ring(me).is_some_and(|(control, data)| {
+                self.producer.try_push(control, &data, kind, parts) == Pushed::Done
+            })
     }
 
     /// The path of a payload of `len` bytes, too long to go inline.
