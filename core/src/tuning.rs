@@ -13,7 +13,7 @@
 //! | `RANKWEAVE_BCAST_LARGE` | bytes | 12 KiB: scatter + allgather from here (on more than 2 ranks) |
 //! | `RANKWEAVE_BCAST_CHAIN` | bytes | 4 MiB: pipelined chain from here |
 //! | `RANKWEAVE_ALLREDUCE_LARGE` | bytes | 64 KiB: reduce-scatter + allgather from here |
-//! | `RANKWEAVE_ALLREDUCE_DIRECT` | bytes | 1 MiB: commutative allreduces read their peers' vectors directly from here, where every rank is local and may (`0`: never) |
+//! | `RANKWEAVE_ALLREDUCE_DIRECT` | bytes | 256 KiB (four times that on 2 ranks): commutative allreduces read their peers' vectors directly from here, where every rank is local and may (`0`: never) |
 //! | `RANKWEAVE_ALLGATHER_LARGE` | bytes (total gathered) | 512 KiB: ring from here |
 //! | `RANKWEAVE_ALLTOALL_LARGE` | bytes (per destination) | 256 B: pairwise exchange from here |
 //! | `RANKWEAVE_SEGMENT` | bytes | 128 KiB: pipeline segment of the chain broadcast |
@@ -127,9 +127,9 @@ pub struct CollectiveTuning {
     /// `RANKWEAVE_ALLREDUCE_LARGE`: allreduces of at least this many bytes use reduce-scatter +
     /// allgather (Rabenseifner).
     pub allreduce_large: usize,
-    /// `RANKWEAVE_ALLREDUCE_DIRECT`: commutative allreduces of at least this many bytes use
-    /// [direct reads](AllreduceAlgorithm::Direct) where every rank of the communicator can read
-    /// the others' memory; `0` never does.
+    /// `RANKWEAVE_ALLREDUCE_DIRECT`: commutative allreduces of at least this many bytes (four
+    /// times as many on two ranks) use [direct reads](AllreduceAlgorithm::Direct) where every
+    /// rank of the communicator can read the others' memory; `0` never does.
     pub allreduce_direct: usize,
     /// `RANKWEAVE_ALLGATHER_LARGE`: allgathers collecting at least this many bytes in all use
     /// the ring.
@@ -154,7 +154,7 @@ impl Default for CollectiveTuning {
             bcast_min_ranks: 8,
             bcast_chain: 4 << 20,
             allreduce_large: 64 * 1024,
-            allreduce_direct: 1 << 20,
+            allreduce_direct: 256 * 1024,
             allgather_large: 512 * 1024,
             alltoall_large: 256,
             segment: 128 * 1024,
@@ -317,7 +317,7 @@ mod tests {
         assert_eq!(t.alltoall, Some(AlltoallAlgorithm::Pairwise));
         assert_eq!(t.allreduce_large, 1 << 20);
         assert_eq!(t.allreduce_direct, 0);
-        assert_eq!(CollectiveTuning::default().allreduce_direct, 1 << 20);
+        assert_eq!(CollectiveTuning::default().allreduce_direct, 256 * 1024);
         assert_eq!(t.segment, 8192);
         let t = with(&[("RANKWEAVE_ALLREDUCE", "direct")]).unwrap();
         assert_eq!(t.allreduce, Some(AllreduceAlgorithm::Direct));

@@ -3,8 +3,8 @@
 //! # Choice
 //!
 //! The `allreduce` override of [`CollectiveTuning`](rankweave_core::CollectiveTuning) if set;
-//! otherwise, for a commutative operation from `allreduce_direct` bytes on, [direct reads](direct)
-//! where every rank can read the others' memory; else recursive doubling below
+//! otherwise, for a commutative operation from `allreduce_direct` bytes on (four times that on
+//! two ranks), [direct reads](direct) where every rank can read the others' memory; else recursive doubling below
 //! `allreduce_large` bytes and Rabenseifner from there — except on two ranks, which always
 //! exchange their whole vectors once (recursive doubling): there Rabenseifner's halving saves
 //! half of the combining but costs a second exchange, and measured 1.05–1.45× slower from
@@ -82,11 +82,20 @@ async fn direct_or_messages<T: Element>(
     }
 }
 
+/// On two ranks direct reads start from this many times `allreduce_direct`.
+const PAIR_DIRECT_FACTOR: usize = 4;
+
 /// The algorithm for `len` elements (see the [module docs](self)).
 fn choose<T: Element>(cx: &Ctx, op: &ReduceOp<T>, len: usize) -> AllreduceAlgorithm {
     let tuning = &cx.comm.config().collectives;
     let bytes = len * size_of::<T>();
-    let direct = tuning.allreduce_direct > 0 && bytes >= tuning.allreduce_direct;
+    // Two ranks exchange their vectors once, a message that may take the pipelined copy
+    // through the ring; it kept up with direct reads to 512 KiB, so they start later there.
+    let from = match cx.size {
+        2 => tuning.allreduce_direct.saturating_mul(PAIR_DIRECT_FACTOR),
+        _ => tuning.allreduce_direct,
+    };
+    let direct = tuning.allreduce_direct > 0 && bytes >= from;
     let automatic = if direct && op.is_commutative() {
         AllreduceAlgorithm::Direct
     } else {
