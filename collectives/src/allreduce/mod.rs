@@ -4,11 +4,11 @@
 //!
 //! The `allreduce` override of [`CollectiveTuning`](rankweave_core::CollectiveTuning) if set;
 //! otherwise, for a commutative operation from `allreduce_direct` bytes on (four times that on
-//! two ranks), [direct reads](direct) where every rank can read the others' memory; else recursive doubling below
-//! `allreduce_large` bytes and Rabenseifner from there — except on two ranks, which always
-//! exchange their whole vectors once (recursive doubling): there Rabenseifner's halving saves
-//! half of the combining but costs a second exchange, and measured 1.05–1.45× slower from
-//! 32 KiB to 1 MiB over shared memory.
+//! two ranks), [direct reads](direct) where every rank can read the others' memory; else
+//! recursive doubling below `allreduce_large` bytes and Rabenseifner from there — except on two
+//! ranks, which always exchange their whole vectors once (recursive doubling): there
+//! Rabenseifner's halving saves half of the combining but costs a second exchange, and measured
+//! 1.05–1.45× slower from 32 KiB to 1 MiB over shared memory.
 //! Recursive doubling and Rabenseifner keep rank order, so they serve every operation. The ring
 //! does not (a block's partial result travels around the ring, wrapping from rank n − 1 to 0), so
 //! a forced ring with a non-commutative operation falls back to the automatic choice.
@@ -40,12 +40,12 @@
 use rankweave_core::Error;
 use rankweave_core::tuning::AllreduceAlgorithm;
 
-use crate::ctx::{Ctx, powers_of_two_below};
-use direct::Outcome;
-
 mod direct;
+
+use crate::ctx::{Ctx, powers_of_two_below};
 use crate::reduce::{Reduction, Side, Theirs, block, even_bounds};
 use crate::{CollectiveOp, Element, ReduceOp};
+use direct::Outcome;
 
 pub(crate) async fn run<T: Element>(
     cx: Ctx,
