@@ -354,20 +354,28 @@ async fn a_route_dying_mid_transfer_fails_over_and_comes_back() {
         }
     });
     recovered.await;
+    // A recovered route restarts its congestion window from the bottom, so how much of one
+    // message it takes depends on timing; it must take a real share within a few messages.
     let before = comms[0].stats().transport.routes[1].bytes_sent;
-    let again = Bytes::from(pattern(65, 8 << 20));
-    let c0 = comms[0].clone();
-    let send = tokio::spawn(async move { c0.send(1, 3, again).await.unwrap() });
-    let m = within(comms[1].recv(Source::Rank(0), Tag::Value(3)))
-        .await
-        .unwrap();
-    assert_pattern(m.data(), 65, 8 << 20);
-    within(send).await.unwrap();
-    let after = comms[0].stats().transport.routes[1].bytes_sent;
+    let mut carried = 0;
+    for round in 0..8u32 {
+        let again = Bytes::from(pattern(65 + u64::from(round), 8 << 20));
+        let c0 = comms[0].clone();
+        let tag = 3 + round;
+        let send = tokio::spawn(async move { c0.send(1, tag, again).await.unwrap() });
+        let m = within(comms[1].recv(Source::Rank(0), Tag::Value(tag)))
+            .await
+            .unwrap();
+        assert_pattern(m.data(), 65 + u64::from(round), 8 << 20);
+        within(send).await.unwrap();
+        carried = comms[0].stats().transport.routes[1].bytes_sent - before;
+        if carried > 1 << 20 {
+            break;
+        }
+    }
     assert!(
-        after > before + (1 << 20),
-        "route 1 carried {} bytes after recovery",
-        after - before
+        carried > 1 << 20,
+        "route 1 carried only {carried} bytes after recovery"
     );
 }
 
