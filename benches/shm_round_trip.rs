@@ -75,14 +75,16 @@ async fn round_trips(c: &[Communicator], buf: &Bytes, n: usize, mode: Mode) {
         return;
     }
     if mode == Mode::Allreduce {
-        let mine = [1.0f32; 2];
+        // SIZE bytes of f32 (8 bytes: the benchmark's 2-element vector), as osu_allreduce.
+        let mine = vec![1.0f32; (buf.len() / 4).max(1)];
+        let sum = vec![2.0f32; mine.len()];
         for _ in 0..n {
             let (a, b) = tokio::join!(
                 c[0].all_reduce(&mine[..], rankweave::Op::Sum),
                 c[1].all_reduce(&mine[..], rankweave::Op::Sum)
             );
-            assert_eq!(a.expect("all_reduce"), [2.0; 2]);
-            assert_eq!(b.expect("all_reduce"), [2.0; 2]);
+            assert_eq!(a.expect("all_reduce"), sum);
+            assert_eq!(b.expect("all_reduce"), sum);
         }
         return;
     }

@@ -37,7 +37,7 @@ use std::ops::Range;
 use bytes::{Buf, Bytes};
 use rankweave_core::buffer_pool::BufferPool;
 use rankweave_core::tuning::BcastAlgorithm;
-use rankweave_core::{Error, SendOp};
+use rankweave_core::{Error, SendOp, byte_copy};
 
 use crate::CollectiveOp;
 use crate::ctx::{Ctx, await_all, keep_pending};
@@ -452,7 +452,7 @@ async fn scatter_allgather(
         None => {
             let mut out = buffer(len)?;
             for block in &blocks {
-                out.extend_from_slice(block);
+                byte_copy::extend_bytes(&mut out, block);
             }
             Ok(Bytes::from(out))
         }
@@ -543,7 +543,7 @@ async fn chain(
                 ),
             });
         }
-        out.extend_from_slice(&segment);
+        byte_copy::extend_bytes(&mut out, &segment);
         forward.push(segment).await?;
     }
     forward.finish().await?;

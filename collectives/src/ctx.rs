@@ -4,7 +4,7 @@
 
 use bytes::{BufMut, Bytes, BytesMut};
 use rankweave_core::buffer_pool::BufferPool;
-use rankweave_core::{Communicator, Error, SendOp};
+use rankweave_core::{Communicator, Error, SendOp, byte_copy};
 
 /// One collective's view of its communicator (see the [module docs](self)).
 #[derive(Clone, Debug)]
@@ -95,7 +95,7 @@ fn elements_of<T: bytemuck::Pod>(parts: &[&[u8]]) -> Vec<T> {
         let n = part.len().min(len * elem - at);
         // SAFETY: `dst` points at capacity for `len * elem` bytes and `at + n` stays within
         // it (`n` is clamped); a fresh vector's buffer cannot overlap `part`.
-        unsafe { std::ptr::copy_nonoverlapping(part.as_ptr(), dst.add(at), n) };
+        unsafe { byte_copy::copy_raw(dst.add(at), part.as_ptr(), n) };
         at += n;
     }
     let filled = at / elem;

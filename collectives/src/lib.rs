@@ -58,7 +58,7 @@ mod tree;
 use bytemuck::Pod;
 use bytes::Bytes;
 use rankweave_core::tuning::{AlltoallAlgorithm, BarrierAlgorithm};
-use rankweave_core::{Communicator, Error, Payload};
+use rankweave_core::{Communicator, Error, Payload, byte_copy};
 
 pub use broadcast::{FLAT_BODY_BELOW, SEPARATE_FROM};
 pub use mcast::BcastStats;
@@ -233,7 +233,7 @@ impl Collectives for Communicator {
     ) -> CollectiveOp<Option<Vec<T>>> {
         let op = op.into();
         let check = ctx::check_root(root, self.size()).and_then(|()| op.check());
-        let data = data.to_vec();
+        let data = byte_copy::vec_from(data);
         let cx = Ctx::next(self);
         if check.is_ok() && cx.size == 2 {
             return reduce::pair(cx, root, data, op);
@@ -248,7 +248,7 @@ impl Collectives for Communicator {
     ) -> CollectiveOp<Vec<T>> {
         let op = op.into();
         let check = op.check();
-        let data = data.to_vec();
+        let data = byte_copy::vec_from(data);
         let cx = Ctx::next(self);
         if check.is_ok() && cx.size == 2 && allreduce::is_one_exchange(&cx, &op, data.len()) {
             return allreduce::pair(cx, data, op);
@@ -285,7 +285,7 @@ impl Collectives for Communicator {
         let blocks: Vec<Vec<T>> = if self.rank() == root && check.is_ok() {
             let per = data.len() / n;
             (0..n)
-                .map(|r| data[r * per..(r + 1) * per].to_vec())
+                .map(|r| byte_copy::vec_from(&data[r * per..(r + 1) * per]))
                 .collect()
         } else {
             Vec::new()
@@ -386,14 +386,14 @@ impl Collectives for Communicator {
                 )))
             }
         });
-        let data = data.to_vec();
+        let data = byte_copy::vec_from(data);
         start(self, check, move |cx| reduce_scatter::run(cx, data, op))
     }
 
     fn scan<T: Element>(&self, data: &[T], op: impl Into<ReduceOp<T>>) -> CollectiveOp<Vec<T>> {
         let op = op.into();
         let check = op.check();
-        let data = data.to_vec();
+        let data = byte_copy::vec_from(data);
         start(self, check, move |cx| scan::inclusive(cx, data, op))
     }
 
@@ -404,7 +404,7 @@ impl Collectives for Communicator {
     ) -> CollectiveOp<Option<Vec<T>>> {
         let op = op.into();
         let check = op.check();
-        let data = data.to_vec();
+        let data = byte_copy::vec_from(data);
         start(self, check, move |cx| scan::exclusive(cx, data, op))
     }
 }

@@ -35,7 +35,7 @@ use std::ops::{Deref, Range};
 
 use bytes::Bytes;
 use rankweave_core::buffer_pool::BufferPool;
-use rankweave_core::{Error, ExchangeRecv, RecvOp, SendOp};
+use rankweave_core::{Error, ExchangeRecv, RecvOp, SendOp, byte_copy};
 
 use crate::ctx::{Ctx, length_mismatch, to_vec};
 use crate::tree::BinomialTree;
@@ -291,7 +291,7 @@ impl<T: Element> Reduction<T> {
                 let mut theirs = theirs.into_vec();
                 self.op
                     .combine(mine, &mut theirs)
-                    .map(|()| mine.copy_from_slice(&theirs))
+                    .map(|()| byte_copy::copy_slice(mine, &theirs))
             }
         };
         if let Err(error) = combined {
@@ -418,7 +418,7 @@ impl<T: Element> Theirs<T> {
     /// The elements as a vector of their own.
     pub fn into_vec(self) -> Vec<T> {
         match self {
-            Theirs::InPlace { .. } => self.to_vec(),
+            Theirs::InPlace { .. } => byte_copy::vec_from(&self),
             Theirs::Copied(v) => v,
         }
     }

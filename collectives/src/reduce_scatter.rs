@@ -13,7 +13,7 @@
 //! - **Non-commutative operations: reduce, then scatter.** The order-preserving binomial
 //!   [reduce](crate::reduce) to rank 0, which then sends each rank its block.
 
-use rankweave_core::{Error, SendOp};
+use rankweave_core::{Error, SendOp, byte_copy};
 
 use crate::allreduce::{Fold, Folded, fold_in, halving_reduce_scatter};
 use crate::ctx::Ctx;
@@ -61,12 +61,12 @@ async fn recursive_halving<T: Element>(
     halving_reduce_scatter(reduction, &fold, vrank, &mut data, &bounds, &masks).await?;
     let mine = block(&bounds, vrank);
     if me >= 2 * fold.rem {
-        return Ok(data[mine].to_vec());
+        return Ok(byte_copy::vec_from(&data[mine]));
     }
     // An odd rank of a folded pair: the first half is its even partner's block.
     let split = mine.start + per_rank;
     reduction.send(me - 1, &data[mine.start..split]).await?;
-    Ok(data[split..mine.end].to_vec())
+    Ok(byte_copy::vec_from(&data[split..mine.end]))
 }
 
 async fn reduce_then_scatter<T: Element>(

@@ -4,6 +4,8 @@
 //! call, and what is left, if the other block was not here yet, is that receive, made where
 //! the caller polls (see [`CollectiveOp::exchanged`]).
 
+use rankweave_core::byte_copy;
+
 use crate::ctx::{Ctx, concat_equal_blocks};
 use crate::{CollectiveOp, Element};
 
@@ -20,7 +22,7 @@ pub(crate) fn swap<T: Element>(
     let (sent, received) =
         cx.comm
             .collective_exchange(other, cx.tag, &[bytemuck::cast_slice(theirs)], other);
-    let mine = bytemuck::cast_slice::<T, u8>(mine).to_vec();
+    let mine = byte_copy::vec_from(bytemuck::cast_slice::<T, u8>(mine));
     CollectiveOp::exchanged(me, sent, received, move |message| {
         let got = message.into_data();
         let blocks: [&[u8]; 2] = if me == 0 {

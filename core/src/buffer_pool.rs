@@ -11,7 +11,9 @@
 
 use std::sync::{Arc, Mutex, OnceLock};
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
+
+use crate::byte_copy;
 
 /// Buffers smaller than this come from the allocator directly: they are cheap to get. From a
 /// page up they are pooled: a window of outstanding 16 KiB receives, freed together, is enough
@@ -22,6 +24,18 @@ pub const POOLED_FROM: usize = 4 * 1024;
 
 /// Bytes of buffers the pool keeps at most (beyond that, returned buffers are freed).
 const KEEP_BYTES: usize = 256 * 1024 * 1024;
+
+/// Room a pooled buffer has beyond its size class: where [`BufferPool::take_lined_up`] moves
+/// the start of the data to line it up with its source (see [`byte_copy::aligned_skip`]), so
+/// that a power-of-two message still fits its class.
+const SLACK: usize = 64;
+
+/// The size class of a pooled buffer's capacity, or `None` for a buffer the pool did not
+/// make (not pooled).
+fn class_of(capacity: usize) -> Option<usize> {
+    let size = capacity.checked_sub(SLACK)?;
+    (size >= POOLED_FROM && size.is_power_of_two()).then(|| size.trailing_zeros() as usize)
+}
 
 /// See the [module docs](self).
 #[derive(Debug, Default)]
@@ -56,7 +70,7 @@ impl BufferPool {
             return Bytes::from(parts.concat());
         };
         for part in parts {
-            buf.extend_from_slice(part);
+            byte_copy::extend_bytes(&mut buf, part);
         }
         self.freeze(buf)
     }
@@ -75,17 +89,43 @@ impl BufferPool {
         {
             let mut c = self.inner.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(v) = c.free.get_mut(class).and_then(Vec::pop) {
-                c.kept -= v.capacity();
+                c.kept -= 1 << class;
                 return Some(v);
             }
         }
         let mut v = Vec::new();
-        v.try_reserve_exact(1usize << class).ok().map(|()| v)
+        v.try_reserve_exact((1usize << class) + SLACK)
+            .ok()
+            .map(|()| v)
+    }
+
+    /// A buffer for `len` bytes that a copy this process does not steer (the kernel's, for
+    /// `process_vm_readv`) will fill from address `src`: filled with as many zeros as put the
+    /// data's start at `src`'s offset modulo 64 (returned as the skip), with room for `len`
+    /// bytes after them. [`freeze_after`](Self::freeze_after) drops the zeros again.
+    pub fn take_lined_up(self: &Arc<Self>, len: usize, src: u64) -> Option<(Vec<u8>, usize)> {
+        // A pooled buffer has the slack already; a small one gets it here.
+        let mut buf = self.take(len)?;
+        let room = len.checked_add(SLACK)?;
+        if buf.capacity() < room {
+            buf.try_reserve_exact(room).ok()?;
+        }
+        let skip = byte_copy::aligned_skip(buf.as_ptr(), src as usize);
+        buf.resize(skip, 0);
+        Some((buf, skip))
+    }
+
+    /// [`freeze`](Self::freeze), without the first `skip` bytes (a
+    /// [`take_lined_up`](Self::take_lined_up) buffer's).
+    pub fn freeze_after(self: &Arc<Self>, buf: Vec<u8>, skip: usize) -> Bytes {
+        let mut b = self.freeze(buf);
+        b.advance(skip);
+        b
     }
 
     /// Wraps a filled buffer as `Bytes` that returns it to the pool when dropped.
     pub fn freeze(self: &Arc<Self>, buf: Vec<u8>) -> Bytes {
-        if buf.capacity() < POOLED_FROM || !buf.capacity().is_power_of_two() {
+        if class_of(buf.capacity()).is_none() {
             return Bytes::from(buf);
         }
         Bytes::from_owner(Pooled {
@@ -95,8 +135,11 @@ impl BufferPool {
     }
 
     fn give_back(&self, mut buf: Vec<u8>) {
-        let cap = buf.capacity();
-        let class = cap.trailing_zeros() as usize;
+        let Some(class) = class_of(buf.capacity()) else {
+            return;
+        };
+        // Counted by class, slack left out.
+        let cap = 1usize << class;
         if cap > KEEP_BYTES {
             return;
         }
@@ -113,13 +156,19 @@ impl BufferPool {
             else {
                 return;
             };
-            if let Some(v) = c.free[other].pop() {
-                c.kept -= v.capacity();
+            if c.free[other].pop().is_some() {
+                c.kept -= 1 << other;
             }
         }
         buf.clear();
         c.kept += cap;
         c.free[class].push(buf);
+    }
+
+    /// Gives a buffer from [`take`](Self::take) back without wrapping it in `Bytes` first
+    /// (scratch space).
+    pub fn recycle(&self, buf: Vec<u8>) {
+        self.give_back(buf);
     }
 
     /// Bytes of buffers kept for reuse.
@@ -166,7 +215,14 @@ impl SmallCopies {
         if self.chunk.capacity() < data.len() {
             self.chunk = BytesMut::with_capacity(SMALL_CHUNK.max(data.len()));
         }
-        self.chunk.extend_from_slice(data);
+        let spare = &mut self.chunk.spare_capacity_mut()[..data.len()];
+        // SAFETY: `spare` is `data.len()` bytes of the chunk's spare capacity (checked above),
+        // written in full before `set_len` counts them; it cannot overlap `data`, which the
+        // caller borrows while the chunk is borrowed mutably here.
+        unsafe {
+            byte_copy::copy_raw(spare.as_mut_ptr().cast(), data.as_ptr(), data.len());
+            self.chunk.set_len(self.chunk.len() + data.len());
+        }
         self.chunk.split().freeze()
     }
 }
@@ -217,6 +273,38 @@ mod tests {
         let small = pool.take(100).unwrap();
         drop(pool.freeze(small));
         assert_eq!(pool.kept(), kept);
+    }
+
+    #[test]
+    fn lined_up_buffers_start_at_their_sources_offset() {
+        let pool = Arc::new(BufferPool::default());
+        for (len, src) in [
+            (1 << 20, 0x7f00_0000_1010u64),
+            (100, 0x1234),
+            (70_000, 0x40),
+        ] {
+            let (mut buf, skip) = pool.take_lined_up(len, src).unwrap();
+            assert_eq!(buf.len(), skip);
+            assert!(buf.iter().all(|&b| b == 0));
+            assert_eq!((buf.as_ptr() as u64 + skip as u64) % 64, src % 64);
+            assert!(
+                buf.capacity() >= skip + len,
+                "room for the data after the skip"
+            );
+            let at = buf.as_ptr();
+            buf.extend(std::iter::repeat_n(5u8, len));
+            let b = pool.freeze_after(buf, skip);
+            assert_eq!(b.len(), len);
+            assert!(b.iter().all(|&x| x == 5));
+            // SAFETY: only comparing addresses.
+            assert_eq!(b.as_ptr(), unsafe { at.add(skip) });
+        }
+        // The 1 MiB and 128 KiB buffers came back, counted by their classes.
+        assert_eq!(pool.kept(), (1 << 20) + (128 << 10));
+        let (again, _) = pool.take_lined_up(1 << 20, 0).unwrap();
+        assert!(again.capacity() >= (1 << 20) + SLACK);
+        pool.recycle(again);
+        assert_eq!(pool.kept(), (1 << 20) + (128 << 10));
     }
 
     #[test]

@@ -12,6 +12,7 @@
 #![warn(missing_docs)]
 
 pub mod buffer_pool;
+pub mod byte_copy;
 pub mod carrier;
 pub mod chaos;
 pub mod comm;

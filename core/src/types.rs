@@ -153,7 +153,7 @@ pub(crate) fn pod_vec_from_bytes<T: bytemuck::Pod>(data: &[u8]) -> Result<Vec<T>
         });
     }
     let mut out = vec![T::zeroed(); data.len() / elem];
-    bytemuck::cast_slice_mut::<T, u8>(&mut out).copy_from_slice(data);
+    crate::byte_copy::copy_slice(bytemuck::cast_slice_mut::<T, u8>(&mut out), data);
     Ok(out)
 }
 
@@ -192,18 +192,18 @@ impl Payload for &'static str {
 
 impl<T: bytemuck::Pod> Payload for &[T] {
     fn into_bytes(self) -> Bytes {
-        Bytes::copy_from_slice(bytemuck::cast_slice(self))
+        crate::byte_copy::bytes_from(bytemuck::cast_slice(self))
     }
 }
 
 impl<T: bytemuck::Pod, const N: usize> Payload for &[T; N] {
     fn into_bytes(self) -> Bytes {
-        Bytes::copy_from_slice(bytemuck::cast_slice(self.as_slice()))
+        crate::byte_copy::bytes_from(bytemuck::cast_slice(self.as_slice()))
     }
 }
 
 impl<T: bytemuck::Pod> Payload for &Vec<T> {
     fn into_bytes(self) -> Bytes {
-        Bytes::copy_from_slice(bytemuck::cast_slice(self.as_slice()))
+        crate::byte_copy::bytes_from(bytemuck::cast_slice(self.as_slice()))
     }
 }

@@ -53,7 +53,7 @@ impl SharedBytes {
     pub(crate) unsafe fn write(&self, at: usize, src: &[u8]) {
         debug_assert!(at + src.len() <= self.len);
         // SAFETY: in bounds and unshared for the duration, by the caller's promise.
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.add(at), src.len()) }
+        unsafe { rankweave_core::byte_copy::copy_raw(self.ptr.add(at), src.as_ptr(), src.len()) }
     }
 
     /// Loads the 8-byte word at offset `at` atomically.

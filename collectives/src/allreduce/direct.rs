@@ -28,7 +28,7 @@
 //! comes. A rank that is gone makes its peers' reads and receives fail at once.
 
 use bytes::{BufMut, Bytes, BytesMut};
-use rankweave_core::Error;
+use rankweave_core::{Error, byte_copy};
 
 use crate::Element;
 use crate::ctx::length_mismatch;
@@ -101,20 +101,31 @@ pub(crate) async fn direct<T: Element>(
     let bounds = even_bounds(data.len(), n);
     let own = block(&bounds, me);
     if !reduction.has_failed() && !own.is_empty() {
-        let mut scratch = vec![T::zeroed(); (PIECE / elem).clamp(1, own.len())];
+        let per_piece = (PIECE / elem).clamp(1, own.len());
+        // Bytes, so that each read can start at its source's offset modulo 64 (the kernel's
+        // copy is slow 1–63 bytes off; see `byte_copy`): that keeps the elements aligned too.
+        let mut scratch = vec![0u8; per_piece * elem + 64];
         'peers: for q in peers() {
-            for start in own.clone().step_by(scratch.len()) {
-                let piece = start..(start + scratch.len()).min(own.end);
-                let theirs = &mut scratch[..piece.len()];
+            for start in own.clone().step_by(per_piece) {
+                let piece = start..(start + per_piece).min(own.end);
                 // A bogus announced address is for the kernel to refuse, not a panic here.
                 let at = addrs[q].wrapping_add((piece.start * elem) as u64);
-                if let Err(e) = cx
-                    .comm
-                    .read_memory_of(q, at, bytemuck::cast_slice_mut(theirs))
-                {
+                let skip = byte_copy::aligned_skip(scratch.as_ptr(), at as usize);
+                let bytes = &mut scratch[skip..skip + piece.len() * elem];
+                if let Err(e) = cx.comm.read_memory_of(q, at, bytes) {
                     reduction.fail(e);
                     break 'peers;
                 }
+                let Ok(theirs) = bytemuck::try_cast_slice::<u8, T>(bytes) else {
+                    // Only an announced address misaligned for `T` lands here.
+                    reduction.fail(Error::Protocol {
+                        peer: q,
+                        detail: format!(
+                            "announced a vector at {at:#x}, misaligned for its elements"
+                        ),
+                    });
+                    break 'peers;
+                };
                 reduction.combine_lower(theirs, &mut data[piece]);
             }
         }

@@ -37,8 +37,8 @@
 //! the adjacent group, so combining the lower group's partial on the left keeps rank order. At the
 //! end the odd ranks send the result to their even partners.
 
-use rankweave_core::Error;
 use rankweave_core::tuning::AllreduceAlgorithm;
+use rankweave_core::{Error, byte_copy};
 
 mod direct;
 
@@ -204,7 +204,7 @@ async fn ring<T: Element>(reduction: &mut Reduction<T>, mut data: Vec<T>) -> Res
         let sent = reduction.send(right, &data[block(&bounds, passed)]);
         let arriving = block(&bounds, copied);
         if let Some(theirs) = reduction.receive(incoming, arriving.len()).await? {
-            data[arriving].copy_from_slice(&theirs);
+            byte_copy::copy_slice(&mut data[arriving], &theirs);
         }
         sent.await?;
     }
@@ -419,7 +419,7 @@ async fn doubling_allgather<T: Element>(
             )
             .await?;
         if let Some(blocks) = received {
-            data[arriving].copy_from_slice(&blocks);
+            byte_copy::copy_slice(&mut data[arriving], &blocks);
         }
         held = Blocks {
             lo: held.lo.min(theirs.lo),

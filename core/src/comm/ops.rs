@@ -276,7 +276,7 @@ impl Future for RecvIntoOp<'_> {
             let msg = r?;
             // The engine refused longer messages (Truncated), so this always fits.
             let n = msg.data.len().min(this.buf.len());
-            this.buf[..n].copy_from_slice(&msg.data[..n]);
+            crate::byte_copy::copy_slice(&mut this.buf[..n], &msg.data[..n]);
             Ok(msg.status())
         })
     }

@@ -769,7 +769,7 @@ impl Endpoint {
             tag: envelope.tag,
             // An allocation of its own: making and dropping it touches no reference count (a
             // slice of a shared chunk costs two atomic operations, more than the allocation).
-            data: Bytes::copy_from_slice(payload),
+            data: crate::byte_copy::bytes_from(payload),
         };
         Some(self.take_direct(public, &direct, taken))
     }

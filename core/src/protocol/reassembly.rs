@@ -105,9 +105,9 @@ impl Reassembler {
         // SAFETY: `offset..end` lies within the `len` bytes of spare capacity (checked against
         // `len` above), and a `u8` slice may be copied into `MaybeUninit<u8>` of the same length.
         unsafe {
-            std::ptr::copy_nonoverlapping(
-                data.as_ptr(),
+            crate::byte_copy::copy_raw(
                 spare[offset..end].as_mut_ptr().cast::<u8>(),
+                data.as_ptr(),
                 data.len(),
             );
         }

@@ -6,6 +6,9 @@
 //! found out once per peer with [`probe`]; where it may not, large messages go through the ring
 //! in pieces instead.
 
+use rankweave_core::buffer_pool::BufferPool;
+use rankweave_core::byte_copy;
+
 /// Reads `len` bytes at address `addr` of process `pid` into the spare capacity of `buf`,
 /// which must have room for them, and extends `buf` by them.
 pub(crate) fn read_into(pid: u32, addr: u64, len: usize, buf: &mut Vec<u8>) -> Result<(), String> {
@@ -22,9 +25,25 @@ pub(crate) fn read_into(pid: u32, addr: u64, len: usize, buf: &mut Vec<u8>) -> R
 }
 
 /// Reads `dst.len()` bytes at address `addr` of process `pid` into `dst`.
+///
+/// Where `dst` lies 1–63 bytes past `addr` modulo a page, the kernel's copy would crawl (see
+/// `rankweave_core::byte_copy`): the bytes go to a pooled buffer lined up with `addr` first,
+/// and from there to `dst` by a copy that avoids the slow case.
 pub(crate) fn read_slice(pid: u32, addr: u64, dst: &mut [u8]) -> Result<(), String> {
-    // SAFETY: `dst` is a writable, exclusively borrowed slice of that length.
-    unsafe { read_raw(pid, addr, dst.as_mut_ptr(), dst.len()) }
+    if !byte_copy::is_slow_copy(dst.as_ptr(), addr, dst.len()) {
+        // SAFETY: `dst` is a writable, exclusively borrowed slice of that length.
+        return unsafe { read_raw(pid, addr, dst.as_mut_ptr(), dst.len()) };
+    }
+    let pool = BufferPool::shared();
+    let (mut bounce, skip) = pool
+        .take_lined_up(dst.len(), addr)
+        .ok_or_else(|| format!("no memory for a {}-byte read", dst.len()))?;
+    let read = read_into(pid, addr, dst.len(), &mut bounce);
+    if read.is_ok() {
+        byte_copy::copy_slice(dst, &bounce[skip..]);
+    }
+    pool.recycle(bounce);
+    read
 }
 
 /// Reads `len` bytes at address `addr` of process `pid` to `dst`.
@@ -94,5 +113,33 @@ mod tests {
         read_slice(std::process::id(), src[7..].as_ptr() as u64, &mut part).unwrap();
         assert_eq!(part, src[7..12]);
         assert!(read_slice(std::process::id(), 8, &mut part).is_err());
+    }
+
+    /// A destination 1–63 bytes past the source modulo a page goes through a lined-up
+    /// buffer: same bytes, nothing written outside the destination, errors still reported.
+    #[test]
+    fn reads_into_a_destination_just_past_the_source() {
+        let src: Vec<u8> = (0..40_000u32).map(|i| (i * 7) as u8).collect();
+        let mut arena = vec![0xEEu8; 60_000];
+        for distance in [0usize, 1, 16, 63, 64] {
+            arena.fill(0xEE);
+            let want = (src.as_ptr() as usize + distance) % 4096;
+            let start = (want + 4096 - arena.as_ptr() as usize % 4096) % 4096 + 4096;
+            let dst = &mut arena[start..start + 20_000];
+            assert_eq!(
+                byte_copy::is_slow_copy(dst.as_ptr(), src.as_ptr() as u64, dst.len()),
+                (1..64).contains(&distance)
+            );
+            read_slice(std::process::id(), src.as_ptr() as u64, dst).unwrap();
+            assert_eq!(&arena[start..start + 20_000], &src[..20_000]);
+            assert!(arena[..start].iter().all(|&b| b == 0xEE));
+            assert!(arena[start + 20_000..].iter().all(|&b| b == 0xEE));
+        }
+        // An unmapped source (in the first page) 16 bytes behind the destination: the
+        // lined-up read fails and says so.
+        let mut dst = vec![0u8; 5000];
+        let bogus = (dst.as_ptr() as u64).wrapping_sub(16) & 0xfff;
+        assert!(byte_copy::is_slow_copy(dst.as_ptr(), bogus, dst.len()));
+        assert!(read_slice(std::process::id(), bogus, &mut dst).is_err());
     }
 }

@@ -11,7 +11,7 @@
 
 use bytes::Bytes;
 use rankweave_core::frame::{Frame, Header};
-use rankweave_core::{Arrival, EagerTaken, EagerWant, wire};
+use rankweave_core::{Arrival, EagerTaken, EagerWant, byte_copy, wire};
 
 use std::sync::Arc;
 
@@ -209,7 +209,7 @@ impl Inbound {
                 tag: envelope.tag,
                 // An allocation of its own: making and dropping it touches no reference count
                 // (a slice of a shared chunk costs two atomic operations, more than that).
-                data: Bytes::copy_from_slice(payload),
+                data: byte_copy::bytes_from(payload),
             })
         });
         let taken = match popped {
@@ -268,12 +268,14 @@ impl Stream {
                 let Ok(len) = usize::try_from(len) else {
                     return Handled::Malformed;
                 };
-                let Some(mut buf) = into.pool.take(len) else {
+                // Lined up with the source: the kernel's copy is as slow as `memcpy`'s worst
+                // case when the two are 1–63 bytes apart modulo a page (see `byte_copy`).
+                let Some((mut buf, skip)) = into.pool.take_lined_up(len, addr) else {
                     return Handled::Malformed;
                 };
                 match cma::read_into(into.sender_pid, addr, len, &mut buf) {
                     Ok(()) => {
-                        let payload = into.pool.freeze(buf);
+                        let payload = into.pool.freeze_after(buf, skip);
                         out.push(Arrival::Frame {
                             from: self.sender,
                             frame: Frame { header, payload },
@@ -294,7 +296,7 @@ impl Stream {
                 let Some(mut buf) = buf else {
                     return Handled::Malformed;
                 };
-                buf.extend_from_slice(piece);
+                byte_copy::extend_bytes(&mut buf, piece);
                 self.partial = Some(Partial {
                     buf,
                     total: total as usize,
@@ -304,7 +306,7 @@ impl Stream {
             }
             Record::Chunk(piece) => match &mut self.partial {
                 Some(p) if p.buf.len() + piece.len() <= p.total => {
-                    p.buf.extend_from_slice(piece);
+                    byte_copy::extend_bytes(&mut p.buf, piece);
                     self.complete(into, out)
                 }
                 _ => {
