@@ -130,7 +130,14 @@ impl Inbound {
     }
 
     /// Reads up to `budget` records, stopping early once [`READ_BYTES`] of payload are
-    /// delivered. Frames go to `out` (see [`ReadInto`]).
+    /// delivered or after a single-copy read. Frames go to `out` (see [`ReadInto`]).
+    ///
+    /// One single-copy read at most, because each takes microseconds, and a record behind it
+    /// is a message this rank may not have asked for yet: in an exchange where the peer runs
+    /// one message ahead, reading both delayed this rank's next send by a whole read, the
+    /// peer then read two while this rank waited, and so on — the two ranks' reads never
+    /// overlapped (`rw-bench ring` at 64 KiB: one read at a time, seen in `perf`'s syscall
+    /// trace).
     ///
     /// The byte bound is what keeps large receives in cache: a receive waiting for its
     /// message pumps only until it has it, so the next large payload is read when its own
@@ -166,6 +173,10 @@ impl Inbound {
                     outcome.records += 1;
                     match handled {
                         Handled::Delivered(n) => outcome.bytes += n,
+                        Handled::ReadAcross(n) => {
+                            outcome.bytes += n;
+                            break;
+                        }
                         Handled::Malformed => outcome.malformed += 1,
                         Handled::Nothing => {}
                     }
@@ -280,7 +291,7 @@ impl Stream {
                             from: self.sender,
                             frame: Frame { header, payload },
                         });
-                        Handled::Delivered(len)
+                        Handled::ReadAcross(len)
                     }
                     Err(e) => {
                         tracing::warn!(sender = self.sender, error = %e, "single-copy read failed");
@@ -359,6 +370,8 @@ fn inline_frame(body: &[u8]) -> Option<(Header, &[u8])> {
 /// What handling one record did.
 enum Handled {
     Delivered(usize),
+    /// Delivered by a single-copy read of this many bytes: the read stops after it.
+    ReadAcross(usize),
     Malformed,
     Nothing,
 }

@@ -130,6 +130,37 @@ fn round_trip_sizes(single_copy: bool) {
     assert!(t[0].peer(1).unwrap().out.lock().is_idle());
 }
 
+/// A drain reads at most one single-copy payload (the next is read when asked for: see
+/// `Inbound::read`), while the inline frames before it all come.
+#[tokio::test]
+async fn a_drain_stops_after_one_single_copy_read() {
+    let t = job(2, settings(128 * 1024, true));
+    // The first large frame goes in pieces while the receiver has not said it can read.
+    t[0].send(1, eager(0, pattern(100_000, 0))).unwrap();
+    assert_eq!(collect(&t[1], &[&t[0]], 1).len(), 1);
+    t[0].send(1, eager(1, pattern(10, 1))).unwrap();
+    t[0].send(1, eager(2, pattern(10, 2))).unwrap();
+    t[0].send(1, eager(3, pattern(70_000, 3))).unwrap();
+    t[0].send(1, eager(4, pattern(70_000, 4))).unwrap();
+    t[0].send(1, eager(5, pattern(10, 5))).unwrap();
+    assert_eq!(t[0].counters().single_copy_sent, 2);
+    let mut out = Vec::new();
+    t[1].drain(&mut out).unwrap();
+    let seqs =
+        |out: Vec<Arrival>| -> Vec<u64> { payloads(out, 0).into_iter().map(|(s, _)| s).collect() };
+    assert_eq!(
+        seqs(std::mem::take(&mut out)),
+        [1, 2, 3],
+        "up to the first single copy"
+    );
+    t[1].drain(&mut out).unwrap();
+    assert_eq!(seqs(std::mem::take(&mut out)), [4]);
+    t[1].drain(&mut out).unwrap();
+    let got = payloads(out, 0);
+    assert_eq!(got.len(), 1);
+    assert_eq!((got[0].0, &got[0].1[..]), (5, &pattern(10, 5)[..]));
+}
+
 #[tokio::test]
 async fn frames_of_every_size_arrive_whole_and_in_order_with_single_copy() {
     round_trip_sizes(true);
