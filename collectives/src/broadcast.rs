@@ -41,7 +41,6 @@ use rankweave_core::{Error, SendOp, byte_copy};
 
 use crate::CollectiveOp;
 use crate::ctx::{Ctx, await_all, keep_pending};
-use crate::started::Next;
 use crate::tree::BinomialTree;
 
 /// Bytes of a full header.
@@ -61,12 +60,6 @@ pub const FLAT_BODY_BELOW: usize = 128 * 1024;
 const CHAIN_WINDOW: usize = 4;
 
 pub(crate) async fn run(cx: Ctx, root: usize, data: Bytes) -> Result<Bytes, Error> {
-    run_from(cx, root, data, None).await
-}
-
-/// [`run`], for a rank other than the root whose first message of the broadcast, `first`, has
-/// already been received (by [`leaf_at_once`]).
-async fn run_from(cx: Ctx, root: usize, data: Bytes, first: Option<Bytes>) -> Result<Bytes, Error> {
     if cx.size == 1 {
         return Ok(data);
     }
@@ -78,10 +71,7 @@ async fn run_from(cx: Ctx, root: usize, data: Bytes, first: Option<Bytes>) -> Re
             let header = Header::new(choose(&cx, data.len()), data.len(), fan.flat);
             (header.message(&data), Some(data), Some(header))
         }
-        Some(from) => match first {
-            Some(message) => (message, None, None),
-            None => (cx.recv(from).await?, None, None),
-        },
+        Some(from) => (cx.recv(from).await?, None, None),
     };
     // Forwarded before it is decoded: a malformed header fails every rank below too, instead
     // of leaving them waiting for a message that would never come.
@@ -175,34 +165,6 @@ pub(crate) fn root_at_once(cx: &Ctx, data: Bytes) -> Result<CollectiveOp<Bytes>,
     Ok(CollectiveOp::start(cx.rank, async move {
         await_all(sends).await?;
         Ok(data)
-    }))
-}
-
-/// The rank other than the root of a two-rank broadcast: it only receives (every algorithm
-/// [`choose`] can pick on two ranks passes nothing on from there), so when the root's message
-/// holds the data (a small binomial broadcast) the broadcast is that one receive, which
-/// finishes where it is polled, with no future boxed and no task
-/// ([`CollectiveOp::receiving_then`]). Any other header goes on as [`run`] would from there,
-/// once the future is polled: nobody waits for this rank. `Err(cx)` on more ranks, where a
-/// large broadcast makes every rank forward, and where an algorithm is forced: the caller runs
-/// it as usual.
-pub(crate) fn leaf_at_once(cx: Ctx, root: usize) -> Result<CollectiveOp<Bytes>, Ctx> {
-    let forced = cx.comm.config().collectives.bcast;
-    if cx.size != 2 || !matches!(forced, None | Some(BcastAlgorithm::Binomial)) {
-        return Err(cx);
-    }
-    let recv = cx.comm.collective_recv(root, cx.tag);
-    Ok(CollectiveOp::receiving_then(cx.rank, recv, move |m| {
-        let mut message = m.into_data();
-        match Header::decode(root, &message) {
-            Ok(header) if header.carries_data() => {
-                // As `run` does: advanced past the header, not sliced.
-                message.advance(header.encoded_len());
-                Next::Done(Ok(message))
-            }
-            Ok(_) => Next::Continue(Box::pin(run_from(cx, root, Bytes::new(), Some(message)))),
-            Err(e) => Next::Done(Err(e)),
-        }
     }))
 }
 

@@ -209,16 +209,13 @@ impl Collectives for Communicator {
         }
         let cx = Ctx::next(self);
         let check = ctx::check_root(root, cx.size);
-        let (cx, data) = match check {
-            Ok(()) if root == cx.rank => match broadcast::root_at_once(&cx, data) {
+        let data = if check.is_ok() && root == cx.rank {
+            match broadcast::root_at_once(&cx, data) {
                 Ok(done) => return done,
-                Err(data) => (cx, data),
-            },
-            Ok(()) => match broadcast::leaf_at_once(cx, root) {
-                Ok(receiving) => return receiving,
-                Err(cx) => (cx, data),
-            },
-            Err(_) => (cx, data),
+                Err(data) => data,
+            }
+        } else {
+            data
         };
         start_in(cx, check, move |cx| broadcast::run(cx, root, data))
     }

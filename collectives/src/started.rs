@@ -9,14 +9,12 @@
 //! NIC). The future only waits for the result.
 //!
 //! A collective whose part on this rank comes down, at the call, to one receive and what it then
-//! does with that message — a two-rank barrier or all-reduce once its send went out, the
-//! receiving rank of a two-rank broadcast — does without the future and the task: it is built
+//! does with that message — a two-rank barrier or all-reduce once its send went out — does
+//! without the future and the task: it is built
 //! [`receiving`](CollectiveOp::receiving) that message and finishes where it is polled, as a
 //! point-to-point receive does. Nobody waits for anything more from this rank, so nothing is
 //! lost by leaving the rest to the caller's polls; this path is just cheaper (no future to
-//! allocate and move, no task to schedule and hand the result back from). Where the message
-//! says more follows (a broadcast header naming an algorithm with more messages), the rest runs
-//! from there as a started collective ([`receiving_then`](CollectiveOp::receiving_then)). A two-rank exchange
+//! allocate and move, no task to schedule and hand the result back from). A two-rank exchange
 //! whose message is already here when it starts ([`exchanged`](CollectiveOp::exchanged)) is
 //! cheaper still: it finishes at the call, with no receive future and nothing boxed.
 //!
@@ -33,14 +31,6 @@ use rankweave_core::{Error, ExchangeRecv, Message, RecvOp, SendOp};
 use tokio::task::JoinHandle;
 
 type BoxedRun<T> = Pin<Box<dyn Future<Output = Result<T, Error>> + Send + 'static>>;
-
-/// What a [`receiving`](CollectiveOp::receiving_then) collective does with its message: it is
-/// done, or the message says there is more to do (a broadcast whose header names an algorithm
-/// with more messages), which then runs as [`start`](CollectiveOp::start) runs a collective.
-pub(crate) enum Next<T> {
-    Done(Result<T, Error>),
-    Continue(BoxedRun<T>),
-}
 
 /// The rest of a [`receiving`](CollectiveOp::receiving) collective: its last send if it did
 /// not go out at once, its message, and `finish`, which makes the result of the message. Boxed
@@ -63,17 +53,14 @@ enum Incoming {
 trait Awaiting<T>: Send {
     /// Polls the send, then the receive; the message once it came.
     fn poll_message(&mut self, cx: &mut Context<'_>) -> Poll<Result<Message, Error>>;
-    /// What comes of the message.
-    fn finish(self: Box<Self>, message: Message) -> Next<T>;
-    /// The rest of the collective (taking the message, and whatever it says is left), for a
-    /// task to run when the future is dropped first; `None` if the message was here already
-    /// and nothing more can follow from it.
-    fn into_rest(self: Box<Self>) -> Option<Pin<Box<dyn Future<Output = ()> + Send>>>;
+    /// The result of the message.
+    fn finish(self: Box<Self>, message: Message) -> Result<T, Error>;
+    /// The receive still waiting, for a task to take the message when the future is dropped
+    /// first.
+    fn into_recv(self: Box<Self>) -> Option<RecvOp>;
 }
 
-impl<T: Send + 'static, F: FnOnce(Message) -> Next<T> + Send + 'static> Awaiting<T>
-    for Receiving<F>
-{
+impl<T, F: FnOnce(Message) -> Result<T, Error> + Send> Awaiting<T> for Receiving<F> {
     fn poll_message(&mut self, cx: &mut Context<'_>) -> Poll<Result<Message, Error>> {
         if let Some(pending) = &mut self.send {
             match Pin::new(pending).poll(cx) {
@@ -88,25 +75,15 @@ impl<T: Send + 'static, F: FnOnce(Message) -> Next<T> + Send + 'static> Awaiting
         }
     }
 
-    fn finish(self: Box<Self>, message: Message) -> Next<T> {
+    fn finish(self: Box<Self>, message: Message) -> Result<T, Error> {
         (self.finish)(message)
     }
 
-    fn into_rest(self: Box<Self>) -> Option<Pin<Box<dyn Future<Output = ()> + Send>>> {
-        let Receiving {
-            message, finish, ..
-        } = *self;
-        let Incoming::Waiting(recv) = message else {
-            return None;
-        };
-        Some(Box::pin(async move {
-            if let Ok(message) = recv.await
-                && let Ok(Next::Continue(run)) =
-                    std::panic::catch_unwind(AssertUnwindSafe(|| finish(message)))
-            {
-                let _ = run.await;
-            }
-        }))
+    fn into_recv(self: Box<Self>) -> Option<RecvOp> {
+        match self.message {
+            Incoming::Waiting(recv) => Some(recv),
+            Incoming::Here(_) => None,
+        }
     }
 }
 
@@ -137,10 +114,24 @@ impl<T: Send + 'static> CollectiveOp<T> {
         rank: usize,
         run: impl Future<Output = Result<T, Error>> + Send + 'static,
     ) -> Self {
-        CollectiveOp {
-            state: launch(rank, Box::pin(run)),
-            rank,
-        }
+        let mut run: BoxedRun<T> = Box::pin(run);
+        // One look first: a collective whose inputs are already here (a late rank's barrier, a
+        // broadcast root's eager sends) finishes at once, without a task and the scheduler
+        // round trips of handing its result back. A pending one is then spawned and polled
+        // again there, which registers the task's waker: nothing this look saw is missed.
+        // (The runtime's handle, a reference count, is only taken then.)
+        let mut cx = Context::from_waker(Waker::noop());
+        let first = std::panic::catch_unwind(AssertUnwindSafe(|| run.as_mut().poll(&mut cx)));
+        let state = match first {
+            Ok(Poll::Ready(result)) => State::Ready(Some(result)),
+            Ok(Poll::Pending) => match tokio::runtime::Handle::try_current() {
+                Ok(handle) => State::Spawned(handle.spawn(run)),
+                // No tokio runtime (another executor): it runs when the future is polled.
+                Err(_) => State::Inline(run),
+            },
+            Err(_) => State::Ready(Some(Err(panicked(rank)))),
+        };
+        CollectiveOp { state, rank }
     }
 
     /// A collective whose whole remaining part is to see `send` (its last, if any) through,
@@ -153,20 +144,7 @@ impl<T: Send + 'static> CollectiveOp<T> {
         recv: RecvOp,
         finish: impl FnOnce(Message) -> Result<T, Error> + Send + 'static,
     ) -> Self {
-        Self::awaiting(rank, send, Incoming::Waiting(recv), move |m| {
-            Next::Done(finish(m))
-        })
-    }
-
-    /// [`receiving`](Self::receiving) with no send, where the message may say that more is
-    /// to be done: then `finish` gives the rest as a future, which runs as a collective
-    /// [`start`](Self::start)ed with it would.
-    pub(crate) fn receiving_then(
-        rank: usize,
-        recv: RecvOp,
-        finish: impl FnOnce(Message) -> Next<T> + Send + 'static,
-    ) -> Self {
-        Self::awaiting(rank, None, Incoming::Waiting(recv), finish)
+        Self::awaiting(rank, send, Incoming::Waiting(recv), finish)
     }
 
     /// A collective whose whole remaining part is the exchange
@@ -185,9 +163,7 @@ impl<T: Send + 'static> CollectiveOp<T> {
                 Self::finished(rank, message.and_then(|m| finish_caught(rank, finish, m)))
             }
             ExchangeRecv::Ready(message) => {
-                Self::awaiting(rank, Some(sent), Incoming::Here(Some(message)), move |m| {
-                    Next::Done(finish(m))
-                })
+                Self::awaiting(rank, Some(sent), Incoming::Here(Some(message)), finish)
             }
             ExchangeRecv::Waiting(recv) => Self::receiving(rank, Some(sent), recv, finish),
         }
@@ -198,7 +174,7 @@ impl<T: Send + 'static> CollectiveOp<T> {
         rank: usize,
         send: Option<SendOp>,
         message: Incoming,
-        finish: impl FnOnce(Message) -> Next<T> + Send + 'static,
+        finish: impl FnOnce(Message) -> Result<T, Error> + Send + 'static,
     ) -> Self {
         let mut op = CollectiveOp {
             state: State::Receiving(Box::new(Receiving {
@@ -230,25 +206,6 @@ impl<T: Send + 'static> CollectiveOp<T> {
     }
 }
 
-/// The state of a collective about to run `run`: one look first — a collective whose inputs are
-/// already here (a late rank's barrier, a broadcast root's eager sends) finishes at once,
-/// without a task and the scheduler round trips of handing its result back. A pending one is
-/// then spawned and polled again there, which registers the task's waker: nothing this look
-/// saw is missed. (The runtime's handle, a reference count, is only taken then.)
-fn launch<T: Send + 'static>(rank: usize, mut run: BoxedRun<T>) -> State<T> {
-    let mut cx = Context::from_waker(Waker::noop());
-    let first = std::panic::catch_unwind(AssertUnwindSafe(|| run.as_mut().poll(&mut cx)));
-    match first {
-        Ok(Poll::Ready(result)) => State::Ready(Some(result)),
-        Ok(Poll::Pending) => match tokio::runtime::Handle::try_current() {
-            Ok(handle) => State::Spawned(handle.spawn(run)),
-            // No tokio runtime (another executor): it runs when the future is polled.
-            Err(_) => State::Inline(run),
-        },
-        Err(_) => State::Ready(Some(Err(panicked(rank)))),
-    }
-}
-
 /// `finish(message)`, a panic in it turned into an error.
 fn finish_caught<T>(
     rank: usize,
@@ -270,7 +227,7 @@ fn panicked(rank: usize) -> Error {
 // `Unpin`, and the result is only moved out.
 impl<T> Unpin for CollectiveOp<T> {}
 
-impl<T: Send + 'static> Future for CollectiveOp<T> {
+impl<T> Future for CollectiveOp<T> {
     type Output = Result<T, Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
@@ -295,20 +252,7 @@ impl<T: Send + 'static> Future for CollectiveOp<T> {
                 else {
                     return Poll::Ready(Err(Error::Shutdown));
                 };
-                let rank = this.rank;
-                let next = match message {
-                    Ok(m) => std::panic::catch_unwind(AssertUnwindSafe(|| rest.finish(m)))
-                        .unwrap_or_else(|_| Next::Done(Err(panicked(rank)))),
-                    Err(e) => Next::Done(Err(e)),
-                };
-                match next {
-                    Next::Done(result) => Poll::Ready(result),
-                    Next::Continue(run) => {
-                        // Runs on as a started collective; this poll registers the waker.
-                        this.state = launch(rank, run);
-                        Pin::new(this).poll(cx)
-                    }
-                }
+                Poll::Ready(message.and_then(|m| finish_caught(this.rank, |m| rest.finish(m), m)))
             }
         }
     }
@@ -322,11 +266,13 @@ impl<T> Drop for CollectiveOp<T> {
             return;
         }
         if let State::Receiving(rest) = std::mem::replace(&mut self.state, State::Ready(None))
-            && let Some(rest) = rest.into_rest()
+            && let Some(recv) = rest.into_recv()
         {
             // (A pending send goes on by itself when its future is dropped.)
             if let Ok(handle) = tokio::runtime::Handle::try_current() {
-                drop(handle.spawn(rest));
+                drop(handle.spawn(async move {
+                    let _ = recv.await;
+                }));
             }
         }
     }

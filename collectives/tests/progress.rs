@@ -241,8 +241,8 @@ async fn a_collective_with_its_inputs_here_finishes_at_the_call() {
 }
 
 /// Dropping a collective whose part was down to one receive (a two-rank barrier and
-/// all-reduce, a broadcast's leaf) before its message came does not leave that message behind:
-/// it is still taken, with whatever it says follows, so nothing is left unexpected or posted.
+/// all-reduce) before its message came does not leave that message behind: it is still taken,
+/// so nothing is left unexpected or posted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_receiving_collective_still_takes_its_message() {
     let results = job_with(2, &Config::default(), |comm| async move {
@@ -253,24 +253,13 @@ async fn a_dropped_receiving_collective_still_takes_its_message() {
         }
         let barrier = comm.barrier();
         let sum = comm.all_reduce(&[1u32], Op::Sum);
-        // Rank 1's broadcasts: a small one (the data in its one message) and one whose header
-        // says the data follows apart, which the dropped future's rest must still take.
-        let (small, large) = (vec![7u8; 10], vec![9u8; 100_000]);
-        let bcast_small = comm.broadcast(1, if dropping { Vec::new() } else { small.clone() });
-        let bcast_large = comm.broadcast(1, if dropping { Vec::new() } else { large.clone() });
         if dropping {
-            for op in [format!("{barrier:?}"), format!("{sum:?}")] {
-                assert!(op.contains("receiving"), "{op}");
-            }
-            for op in [format!("{bcast_small:?}"), format!("{bcast_large:?}")] {
-                assert!(op.contains("receiving"), "{op}");
-            }
-            drop((barrier, sum, bcast_small, bcast_large));
+            assert!(format!("{barrier:?}").contains("receiving"), "{barrier:?}");
+            assert!(format!("{sum:?}").contains("receiving"), "{sum:?}");
+            drop((barrier, sum));
         } else {
             barrier.await?;
             assert_eq!(sum.await?, [2]);
-            assert_eq!(bcast_small.await?, small);
-            assert_eq!(bcast_large.await?, large);
         }
         // Sent after the three above, so they have all arrived once this is done.
         comm.barrier().await?;
