@@ -28,7 +28,7 @@ const KEEP_BYTES: usize = 256 * 1024 * 1024;
 /// Room a pooled buffer has beyond its size class: where [`BufferPool::take_lined_up`] moves
 /// the start of the data to line it up with its source (see [`byte_copy::aligned_skip`]), so
 /// that a power-of-two message still fits its class.
-const SLACK: usize = 64;
+const SLACK: usize = byte_copy::LINE_UP;
 
 /// The size class of a pooled buffer's capacity, or `None` for a buffer the pool did not
 /// make (not pooled).

@@ -119,12 +119,16 @@ pub fn bytes_from(src: &[u8]) -> Bytes {
     Bytes::from(vec_from(src))
 }
 
+/// The granule [`aligned_skip`] lines data up to (a cache line): a buffer needs this much room
+/// beyond its data for the skip.
+pub const LINE_UP: usize = 64;
+
 /// How many bytes to skip at the start of a buffer at `dst` so that data copied there from
 /// address `src` by a copy this module does not steer (the kernel's, for `process_vm_readv`)
-/// lies at the source's offset modulo 64: never in the slow case, and cache lines matched.
-/// Less than 64.
+/// lies at the source's offset modulo [`LINE_UP`]: never in the slow case, and cache lines
+/// matched. Less than [`LINE_UP`].
 pub fn aligned_skip(dst: *const u8, src: usize) -> usize {
-    src.wrapping_sub(dst as usize) % 64
+    src.wrapping_sub(dst as usize) % LINE_UP
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -104,7 +104,7 @@ pub(crate) async fn direct<T: Element>(
         let per_piece = (PIECE / elem).clamp(1, own.len());
         // Bytes, so that each read can start at its source's offset modulo 64 (the kernel's
         // copy is slow 1–63 bytes off; see `byte_copy`): that keeps the elements aligned too.
-        let mut scratch = vec![0u8; per_piece * elem + 64];
+        let mut scratch = vec![0u8; per_piece * elem + byte_copy::LINE_UP];
         'peers: for q in peers() {
             for start in own.clone().step_by(per_piece) {
                 let piece = start..(start + per_piece).min(own.end);
