@@ -249,6 +249,13 @@ impl Driver {
                 break;
             }
             self.flush(st, wake);
+            // A parked operation finished: let its future run before taking in more. Left
+            // to go on, a drain of a window of large messages (one single-copy read each)
+            // kept a rank from posting its next sends until it had read everything, and a
+            // bidirectional exchange ran one direction at a time.
+            if !wake.is_empty() {
+                break;
+            }
         }
         // `run` flushes after its closure: nothing is left queued.
         st.arrivals = arrivals;
@@ -434,9 +441,15 @@ impl Driver {
         Some(Ok(m.received))
     }
 
-    /// Pumps once; used by the progress task.
-    pub(crate) fn progress(&self) {
-        self.with_pumped(|_| ());
+    /// Pumps once; used by the progress task. Returns whether it woke a parked future.
+    pub(crate) fn progress(&self) -> bool {
+        let mut woke = false;
+        self.run(|d, st, wake| {
+            d.pump(st, wake);
+            d.flush(st, wake);
+            woke = !wake.is_empty();
+        });
+        woke
     }
 
     /// Polls an operation with the rank's progress policy: `check` looks at the locked state and
@@ -552,10 +565,16 @@ impl Driver {
             })
             .await;
             draining |= self.shutdown.is_requested();
-            self.progress();
-            // A transport that keeps reporting work must not starve the rank's own tasks (which
-            // may be what it waits for) on this worker.
-            tokio::task::consume_budget().await;
+            if self.progress() {
+                // The futures it woke go first: they may post what the peers wait for (the
+                // next window of sends), and on a one-thread runtime a transport that keeps
+                // reporting work would otherwise hold them off for a whole task budget.
+                tokio::task::yield_now().await;
+            } else {
+                // A transport that keeps reporting work must not starve the rank's own tasks
+                // (which may be what it waits for) on this worker.
+                tokio::task::consume_budget().await;
+            }
             // Sends whose futures were dropped still complete (their peers answer through the
             // transport, which wakes us); only then does the rank go away.
             if self.shutdown.is_aborted() || (draining && !self.lock().endpoint.has_pending_sends())
@@ -749,5 +768,115 @@ mod tests {
         wait.saw_traffic(3);
         assert_eq!(wait.since, None);
         assert!(wait.should_spin(&config));
+    }
+}
+
+#[cfg(test)]
+mod pump_tests {
+    use std::collections::VecDeque;
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::task::Wake;
+
+    use super::*;
+    use crate::transport::Capabilities;
+
+    /// Hands over one frame per drain, as shared memory hands over one single-copy payload per
+    /// read, and says whether more are there.
+    #[derive(Default)]
+    struct OneAtATime {
+        queue: Mutex<VecDeque<Arrival>>,
+    }
+
+    impl OneAtATime {
+        fn left(&self) -> usize {
+            self.queue.lock().unwrap().len()
+        }
+    }
+
+    impl Transport for OneAtATime {
+        fn capabilities(&self) -> Capabilities {
+            Capabilities {
+                reliable: true,
+                ordered: true,
+                max_payload: usize::MAX,
+                multicast: false,
+                rdma: false,
+                by_reference: false,
+            }
+        }
+        fn send(&self, _to: u32, _frame: Frame) -> Result<(), TransportError> {
+            Ok(())
+        }
+        fn drain(&self, out: &mut Vec<Arrival>) -> Result<usize, TransportError> {
+            let next = self.queue.lock().unwrap().pop_front();
+            Ok(next.map(|a| out.push(a)).map_or(0, |()| 1))
+        }
+        fn poll_arrival(&self, _cx: &mut Context<'_>) -> Poll<()> {
+            Poll::Pending
+        }
+        fn may_have_arrivals(&self) -> bool {
+            self.left() > 0
+        }
+    }
+
+    #[derive(Default)]
+    struct Flag(AtomicBool);
+
+    impl Wake for Flag {
+        fn wake(self: Arc<Self>) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// The progress task's pump stops once it finished an operation whose future is parked,
+    /// so that future runs (and posts what it will post: the next window of sends) before the
+    /// rank takes in the rest; a pump that finishes nothing parked takes in everything.
+    #[test]
+    fn a_pump_stops_once_it_finished_a_parked_operation() {
+        let transport = Arc::new(OneAtATime::default());
+        for seq in 0..3 {
+            let envelope = Envelope {
+                context: ContextId::WORLD,
+                tag: 1,
+                seq,
+                len: 1,
+            };
+            let frame = Frame {
+                header: Header::Eager(envelope),
+                payload: Bytes::from_static(b"x"),
+            };
+            transport
+                .queue
+                .lock()
+                .unwrap()
+                .push_back(Arrival::Frame { from: 0, frame });
+        }
+        let driver = Driver::new(1, 2, transport.clone(), Config::default());
+        let sel = Selector {
+            context: ContextId::WORLD,
+            source: Some(0),
+            tag: Some(1),
+        };
+        let Some(RecvStart::Pending(id)) =
+            Some(driver.with(|st| st.endpoint.start_recv(sel, None)))
+        else {
+            panic!("nothing was taken in yet");
+        };
+        let flag = Arc::new(Flag::default());
+        driver.with(|st| st.park(Waiting::Recv(id), &Waker::from(flag.clone())));
+        assert!(
+            driver.progress(),
+            "the receive finished and its future was woken"
+        );
+        assert!(flag.0.load(Ordering::SeqCst));
+        assert_eq!(
+            transport.left(),
+            2,
+            "what came behind it is still in the transport"
+        );
+        assert!(driver.lock().endpoint.take_recv(id).is_some());
+        assert!(!driver.progress(), "nothing parked: nobody to wake");
+        assert_eq!(transport.left(), 0, "so one pump takes in everything");
     }
 }

@@ -735,3 +735,92 @@ async fn an_exchange_takes_a_message_already_in_the_ring_at_the_call() {
         Err(Error::InvalidRank { rank: 2, size: 2 })
     ));
 }
+
+/// Parked receives of a window of large messages (rendezvous, then single copy), published
+/// while the receiving rank was off its runtime: each arrives whole and in order, and the first
+/// receive's future runs as soon as its payload is in — with the requests to send and that one
+/// payload taken in, not the payloads behind it. (The driver's `pump_tests` pin down the
+/// pump's part of this: a pump stops once it finished a parked operation.)
+#[test]
+fn a_woken_receive_runs_before_the_progress_task_reads_on() {
+    use rankweave_core::{Communicator, Config, ProgressPolicy};
+    use std::sync::mpsc;
+
+    const MESSAGES: usize = 8;
+    const LEN: usize = 256 * 1024;
+    let mut config = Config {
+        progress: ProgressPolicy::Park,
+        ..Config::default()
+    };
+    config.shm = settings(1 << 20, true);
+    // Each rank's transport is made on the runtime that drives it (its signal socket is
+    // registered there), in a thread of its own as if in a process of its own.
+    let dir = Arc::new(LocalSegments::default());
+    let published = Arc::new(std::sync::Barrier::new(2));
+    let rank = move |r: u32, config: &Config| -> Communicator {
+        let t = ShmTransport::new(r, 2, config.shm, Duration::from_secs(1), dir.clone()).unwrap();
+        dir.publish(r, t.address());
+        let t: Arc<dyn Transport> = Arc::new(t);
+        Communicator::world(r as usize, 2, t, config.clone()).unwrap()
+    };
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let (parked_tx, parked_rx) = mpsc::channel::<()>();
+    let (sent_tx, sent_rx) = mpsc::channel::<()>();
+    let (sender_config, sender_rank, sender_published) =
+        (config.clone(), rank.clone(), published.clone());
+    let sender = std::thread::spawn(move || {
+        runtime().block_on(async move {
+            let comm = sender_rank(0, &sender_config);
+            sender_published.wait();
+            // Connects the pair: large payloads go by single copy from here on.
+            comm.send(1, 0, vec![0u8]).await.unwrap();
+            parked_rx.recv().unwrap();
+            // Posted at once (a large send finishes when the receiver has read it).
+            let sends: Vec<_> = (0..MESSAGES)
+                .map(|i| comm.send(1, 1, pattern(LEN, i as u64)))
+                .collect();
+            sent_tx.send(()).unwrap();
+            for s in sends {
+                s.await.unwrap();
+            }
+            comm.recv(1, 2).await.unwrap();
+        })
+    });
+    runtime().block_on(async move {
+        let comm = rank(1, &config);
+        published.wait();
+        comm.recv(0, 0).await.unwrap();
+        let receiver = tokio::spawn({
+            let comm = comm.clone();
+            async move {
+                let mut receives: Vec<_> = (0..MESSAGES).map(|_| comm.recv(0, 1)).collect();
+                let mut seen_at_first = None;
+                for (i, r) in receives.drain(..).enumerate() {
+                    let m = r.await.unwrap();
+                    assert_eq!(m.data(), &pattern(LEN, i as u64)[..]);
+                    seen_at_first.get_or_insert(comm.stats().transport.shm.frames_received);
+                }
+                seen_at_first.unwrap()
+            }
+        });
+        // Let the receives park, then keep this thread off the runtime while every request
+        // to send is published: the progress task finds them all when it next runs, answers
+        // them, and the sender's payloads come back one after another.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        parked_tx.send(()).unwrap();
+        sent_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert_eq!(
+            receiver.await.unwrap(),
+            1 + MESSAGES as u64 + 1,
+            "when the first receive ran: the connecting message, the requests to send and the \
+             first payload, not those behind it"
+        );
+        comm.send(0, 2, vec![0u8]).await.unwrap();
+    });
+    sender.join().unwrap();
+}
