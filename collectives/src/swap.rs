@@ -5,9 +5,10 @@
 //! the caller polls (see [`CollectiveOp::exchanged`]).
 //!
 //! The result is allocated at the call with this rank's block copied into its place, and the
-//! other block is copied in once it is here: each block is copied once (a copy of this rank's
-//! block kept until the end and then concatenated with the other took a second pass over it,
-//! some 3 µs of a 64 KiB all-gather's 15).
+//! other block is copied in once it is here: each block is copied once. (A copy of this rank's
+//! block kept until the end and then concatenated with the other took a second pass over it:
+//! for 64 KiB some 3 µs at the 20 GB/s `memcpy` reaches here, where Open MPI's whole
+//! all-gather takes 15.)
 
 use rankweave_core::byte_copy;
 
