@@ -64,6 +64,11 @@ pub struct ShmConfig {
     /// kernel permits it. Off, or where it is not permitted, they are pipelined through the
     /// ring too. Default on.
     pub single_copy: bool,
+    /// `RANKWEAVE_SHM_SPLIT` (`on`/`off`): a receiver reading a single-copy payload of 128 KiB
+    /// or more offers the sender a share of the copy, which the sender, waiting for the send
+    /// to complete, writes straight into the receiver's buffer (`process_vm_writev`) while the
+    /// receiver reads the rest: two cores copy instead of one. Default on.
+    pub split_copy: bool,
     /// `RANKWEAVE_SHM_PREFAULT`: bytes of ring this rank maps in ahead of use, as pairs
     /// connect (a ring and its control block for each peer it sends to or hears from, until the
     /// budget is spent; `0` turns it off). Otherwise the first trip of records round a fresh
@@ -86,6 +91,7 @@ impl Default for ShmConfig {
             pipeline_max: 64 * 1024 * 1024,
             adaptive: true,
             single_copy: true,
+            split_copy: true,
             prefault_bytes: 32 * 1024 * 1024,
             hot_window: 4 * 1024,
         }
@@ -301,6 +307,10 @@ impl Config {
         if let Some(v) = get("RANKWEAVE_SHM_ADAPTIVE") {
             self.shm.adaptive = parse_switch("RANKWEAVE_SHM_ADAPTIVE", &v, false)?
                 .unwrap_or(ShmConfig::default().adaptive);
+        }
+        if let Some(v) = get("RANKWEAVE_SHM_SPLIT") {
+            self.shm.split_copy = parse_switch("RANKWEAVE_SHM_SPLIT", &v, false)?
+                .unwrap_or(ShmConfig::default().split_copy);
         }
         if let Some(v) = get("RANKWEAVE_SHM_SINGLE_COPY") {
             self.shm.single_copy = parse_switch("RANKWEAVE_SHM_SINGLE_COPY", &v, false)?
@@ -562,6 +572,7 @@ mod tests {
                 ("RANKWEAVE_SHM_PIPELINE_MAX", "1m"),
                 ("RANKWEAVE_SHM_SINGLE_COPY", "off"),
                 ("RANKWEAVE_SHM_ADAPTIVE", "off"),
+                ("RANKWEAVE_SHM_SPLIT", "off"),
                 ("RANKWEAVE_SHM_PREFAULT", "0"),
                 ("RANKWEAVE_SHM_HOT", "16k"),
             ]))
@@ -574,6 +585,7 @@ mod tests {
                 pipeline_max: 1024 * 1024,
                 adaptive: false,
                 single_copy: false,
+                split_copy: false,
                 prefault_bytes: 0,
                 hot_window: 16 * 1024,
             }

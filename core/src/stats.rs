@@ -87,6 +87,9 @@ pub struct ShmCounters {
     pub single_copy_sent: u64,
     /// Frames too large for one record sent in pieces through the ring (no single copy).
     pub pipelined_sent: u64,
+    /// Payload bytes of this rank's single-copy sends that it wrote into the receiver's
+    /// buffer itself (`process_vm_writev`) while the receiver read the rest: the split copy.
+    pub split_bytes_written: u64,
     /// Times a record found its ring full and had to wait.
     pub ring_full: u64,
     /// Wake-up signals sent to parked peers.

@@ -466,3 +466,117 @@ pub mod doorbell_api {
         }
     }
 }
+
+// The shared-memory transport's split copy: receiver and sender claiming chunks of one
+// payload (its own `//!` docs document the protocol). Private and used through `split_api`,
+// for the same doc-link reason as `shm_ring`.
+#[path = "../../transports/src/shm/split_copy.rs"]
+mod shm_split_copy;
+
+/// Public, one-to-one wrappers over the `pub(crate)` items of
+/// `transports/src/shm/split_copy.rs` (compiled here as the private module `shm_split_copy`),
+/// for the models in `tests/shm_split_copy.rs`.
+pub mod split_api {
+    use crate::shm_split_copy as split;
+
+    /// `shm_split_copy::SPLIT_MIN`.
+    pub const SPLIT_MIN: u64 = split::SPLIT_MIN;
+    /// `shm_split_copy::WAKE_MIN`.
+    pub const WAKE_MIN: u64 = split::WAKE_MIN;
+
+    /// `shm_split_copy::tag_of`.
+    pub fn tag_of(token: u64) -> u64 {
+        split::tag_of(token)
+    }
+
+    /// `shm_split_copy::chunks_for`.
+    pub fn chunks_for(len: u64) -> u64 {
+        split::chunks_for(len)
+    }
+
+    /// `shm_split_copy::Offer`.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct Offer(split::Offer);
+
+    impl Offer {
+        /// `Offer::tag`.
+        pub fn tag(&self) -> u64 {
+            self.0.tag
+        }
+
+        /// `Offer::chunks`.
+        pub fn chunks(&self) -> u64 {
+            self.0.chunks
+        }
+    }
+
+    /// `shm_split_copy::Chunk`, as a plain struct.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct Chunk {
+        /// `Chunk::dst`.
+        pub dst: u64,
+        /// `Chunk::offset`.
+        pub offset: u64,
+        /// `Chunk::len`.
+        pub len: u64,
+        /// `Chunk::total`.
+        pub total: u64,
+        /// `Chunk::count`.
+        pub count: u64,
+    }
+
+    fn plain(c: split::Chunk) -> Chunk {
+        Chunk {
+            dst: c.dst,
+            offset: c.offset,
+            len: c.len,
+            total: c.total,
+            count: c.count,
+        }
+    }
+
+    /// `shm_split_copy::SplitSlot`.
+    #[derive(Default)]
+    pub struct SplitSlot(split::SplitSlot);
+
+    impl SplitSlot {
+        /// `SplitSlot::offer`.
+        pub fn offer(&self, token: u64, dst: u64, len: u64) -> Offer {
+            Offer(self.0.offer(token, dst, len))
+        }
+
+        /// `SplitSlot::open_offer`.
+        pub fn open_offer(&self) -> Option<u64> {
+            self.0.open_offer()
+        }
+
+        /// `SplitSlot::claim` and `SplitSlot::finish`: claims a chunk and finishes it with
+        /// `copy`'s result.
+        pub fn claim_one(&self, tag: u64, copy: impl FnOnce(Chunk) -> bool) -> Option<Chunk> {
+            let c = self.0.claim(tag)?;
+            let ok = copy(plain(c));
+            self.0.finish(c, ok);
+            Some(plain(c))
+        }
+
+        /// `SplitSlot::take_chunks`.
+        pub fn take_chunks(&self, tag: u64, mut copy: impl FnMut(Chunk) -> bool) -> u64 {
+            self.0.take_chunks(tag, |c| copy(plain(c)))
+        }
+
+        /// `SplitSlot::read_chunks`.
+        pub fn read_chunks(&self, tag: u64, mut copy: impl FnMut(Chunk) -> bool) -> u64 {
+            self.0.read_chunks(tag, |c| copy(plain(c)))
+        }
+
+        /// `SplitSlot::is_finished`.
+        pub fn is_finished(&self, offer: Offer) -> bool {
+            self.0.is_finished(offer.0)
+        }
+
+        /// `SplitSlot::failed`.
+        pub fn failed(&self) -> bool {
+            self.0.failed()
+        }
+    }
+}

@@ -51,25 +51,72 @@ pub(crate) fn read_slice(pid: u32, addr: u64, dst: &mut [u8]) -> Result<(), Stri
 /// # Safety
 ///
 /// `dst..dst + len` must be writable memory that nothing else reads or writes meanwhile.
-unsafe fn read_raw(pid: u32, addr: u64, dst: *mut u8, len: usize) -> Result<(), String> {
+pub(crate) unsafe fn read_raw(pid: u32, addr: u64, dst: *mut u8, len: usize) -> Result<(), String> {
+    // SAFETY: the caller's promise, passed on.
+    unsafe { transfer(Direction::Read, pid, addr, dst, len) }
+}
+
+/// Writes `src` to address `addr` of process `pid` (`process_vm_writev`: the same permission
+/// as reading that process's memory).
+pub(crate) fn write_slice(pid: u32, addr: u64, src: &[u8]) -> Result<(), String> {
+    // SAFETY: `src` is readable for its length; the kernel only reads it.
+    unsafe {
+        transfer(
+            Direction::Write,
+            pid,
+            addr,
+            src.as_ptr().cast_mut(),
+            src.len(),
+        )
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    Read,
+    Write,
+}
+
+/// Copies `len` bytes between `local` in this process and `addr` in process `pid`.
+///
+/// # Safety
+///
+/// Reading, `local..local + len` must be writable memory that nothing else reads or writes
+/// meanwhile; writing, it must be readable.
+unsafe fn transfer(
+    way: Direction,
+    pid: u32,
+    addr: u64,
+    local: *mut u8,
+    len: usize,
+) -> Result<(), String> {
     let pid = libc::pid_t::try_from(pid).map_err(|_| format!("bad process id {pid}"))?;
     let mut done = 0usize;
     while done < len {
         let local = libc::iovec {
             // SAFETY: `done < len`, so within the caller's range.
-            iov_base: unsafe { dst.add(done) }.cast(),
+            iov_base: unsafe { local.add(done) }.cast(),
             iov_len: len - done,
         };
         let remote = libc::iovec {
             iov_base: (addr as usize).wrapping_add(done) as *mut libc::c_void,
             iov_len: len - done,
         };
-        // SAFETY: the local iovec is the caller's writable range (see the contract); the
-        // remote one is only read by the kernel in the other process, which checks it.
-        let n = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
+        // SAFETY: the local iovec is the caller's range, writable when reading (see the
+        // contract); the remote one is in the other process, which the kernel checks.
+        let n = unsafe {
+            match way {
+                Direction::Read => libc::process_vm_readv(pid, &local, 1, &remote, 1, 0),
+                Direction::Write => libc::process_vm_writev(pid, &local, 1, &remote, 1, 0),
+            }
+        };
         if n <= 0 {
+            let call = match way {
+                Direction::Read => "process_vm_readv",
+                Direction::Write => "process_vm_writev",
+            };
             return Err(format!(
-                "process_vm_readv of {} bytes from process {pid}: {}",
+                "{call} of {} bytes with process {pid}: {}",
                 len - done,
                 if n == 0 {
                     "no progress".to_string()

@@ -3,7 +3,8 @@
 //!
 //! [`Inbound::read`] pops records in order and turns them into arrivals: an inline frame is
 //! copied out of the ring; a single-copy frame's payload is read from the sender's memory
-//! (`process_vm_readv`) into a fresh buffer, after which the read is counted for the sender; pieces of
+//! (`process_vm_readv`; long ones shared with the sender, see `split_copy`) into a fresh
+//! buffer, after which the read is counted for the sender; pieces of
 //! a pipelined frame are appended to a reassembly buffer until the frame is whole. Nothing the
 //! peer wrote is trusted: a record that does not parse, a frame that does not decode or a
 //! length that cannot be allocated is dropped and counted, and a ring whose bytes break the
@@ -16,9 +17,11 @@ use rankweave_core::{Arrival, EagerTaken, EagerWant, byte_copy, wire};
 use std::sync::Arc;
 
 use super::cma;
+use super::host::ProcessWatch;
 use super::record::{self, Record};
 use super::ring::{Popped, RingConsumer};
 use super::segment::Segment;
+use super::split_copy::{self, SplitSlot};
 use rankweave_core::buffer_pool::{BufferPool, SmallCopies};
 
 /// Payload bytes after which one read stops (see [`Inbound::read`]).
@@ -31,6 +34,18 @@ const MAX_PIECED_FRAME: u64 = 1 << 40;
 pub(crate) struct ReadInto<'a> {
     /// The sender's process: single-copy payloads are read from its memory.
     pub(crate) sender_pid: u32,
+    /// The pair's split-copy slot, where long single-copy payloads are offered to the sender
+    /// to share the copy (see `split_copy`); `None`: read alone.
+    pub(crate) split: Option<&'a SplitSlot>,
+    /// Whether to offer a payload now (asked only of payloads long enough): not while this
+    /// rank sends large messages to the sender as well, whose reading keeps it busy.
+    pub(crate) sender_free: &'a dyn Fn() -> bool,
+    /// Tells when the sender's process has exited (`None` for a rank of this process): a
+    /// split copy stops waiting for the sender's share then.
+    pub(crate) sender_watch: Option<&'a ProcessWatch>,
+    /// Wakes the sender if it sleeps: called after offering it a share of a payload of at
+    /// least `split_copy::WAKE_MIN` bytes.
+    pub(crate) wake_sender: &'a dyn Fn(),
     /// Where buffers for large frames come from.
     pub(crate) pool: &'a Arc<BufferPool>,
     /// The rank has closed: frames are dropped (single-copy payloads are still acknowledged).
@@ -284,7 +299,7 @@ impl Stream {
                 let Some((mut buf, skip)) = into.pool.take_lined_up(len, addr) else {
                     return Handled::Malformed;
                 };
-                match cma::read_into(into.sender_pid, addr, len, &mut buf) {
+                match read_payload(into, token, addr, len, &mut buf) {
                     Ok(()) => {
                         let payload = into.pool.freeze_after(buf, skip);
                         out.push(Arrival::Frame {
@@ -354,6 +369,81 @@ impl Stream {
             Err(_) => Handled::Malformed,
         }
     }
+}
+
+/// Reads a single-copy payload of `len` bytes at `addr` of the sender into `buf`'s spare
+/// capacity and extends `buf` by it: shared with the sender where the pair has a split-copy
+/// slot and the payload is long enough (see `split_copy`), else in one read.
+fn read_payload(
+    into: &ReadInto<'_>,
+    token: u64,
+    addr: u64,
+    len: usize,
+    buf: &mut Vec<u8>,
+) -> Result<(), String> {
+    let pid = into.sender_pid;
+    let Some(slot) = into
+        .split
+        .filter(|_| len as u64 >= split_copy::SPLIT_MIN && (into.sender_free)())
+    else {
+        return cma::read_into(pid, addr, len, buf);
+    };
+    if buf.capacity() - buf.len() < len {
+        return Err("receive buffer too small".into());
+    }
+    // SAFETY: within the spare capacity (checked above).
+    let dst = unsafe { buf.as_mut_ptr().add(buf.len()) };
+    // From here until the offer is finished, the sender may write any chunk it claims to
+    // `dst`: nothing here touches those bytes but the reads of the chunks this side claims.
+    let offer = slot.offer(token, dst as u64, len as u64);
+    if len as u64 >= split_copy::WAKE_MIN {
+        (into.wake_sender)();
+    }
+    slot.read_chunks(offer.tag, |c| {
+        // SAFETY: the chunk lies within `dst..dst + len`, spare capacity of `buf`, and was
+        // claimed by this side alone: the sender writes only the chunks it claimed.
+        unsafe {
+            cma::read_raw(
+                pid,
+                addr + c.offset,
+                dst.add(c.offset as usize),
+                c.len as usize,
+            )
+        }
+        .is_ok()
+    });
+    wait_for_sender(slot, offer, into)?;
+    if slot.failed() {
+        // The sender still holds the payload (its token is not counted read yet).
+        // SAFETY: `dst..dst + len` is spare capacity of `buf`, and no chunk is out any more.
+        unsafe { cma::read_raw(pid, addr, dst, len)? };
+    }
+    // SAFETY: every byte after the old length was written, by a read here or by the sender.
+    unsafe { buf.set_len(buf.len() + len) };
+    Ok(())
+}
+
+/// Waits until every chunk of `offer` is copied: the chunks the sender claimed are being
+/// written by one system call each, so this is a wait of microseconds (yielding the core now
+/// and then, in case the sender shares it), unless the sender's process has died.
+fn wait_for_sender(
+    slot: &SplitSlot,
+    offer: split_copy::Offer,
+    into: &ReadInto<'_>,
+) -> Result<(), String> {
+    let mut spins = 0u32;
+    while !slot.is_finished(offer) {
+        spins = spins.wrapping_add(1);
+        if spins % 128 != 0 {
+            std::hint::spin_loop();
+            continue;
+        }
+        if into.sender_watch.is_some_and(|w| w.has_exited()) {
+            return Err("the sender exited while writing its share of a payload".into());
+        }
+        std::thread::yield_now();
+    }
+    Ok(())
 }
 
 /// An inline frame's header, decoded where it lies in the ring, and its payload (the checks

@@ -27,6 +27,7 @@ mod record;
 mod ring;
 mod segment;
 mod signal;
+mod split_copy;
 
 use std::future::Future;
 use std::os::unix::net::SocketAddr;
@@ -162,6 +163,11 @@ struct Park {
 /// again.
 const RECHECK: Duration = Duration::from_millis(1);
 
+/// How long after helping a receiver with a split copy the progress task keeps looking for
+/// the next offer instead of sleeping: the receiver of a window of large messages makes one
+/// every few tens of microseconds, and a wake-up for each would cost about as much.
+const HELP_LINGER: Duration = Duration::from_micros(200);
+
 /// How long a progress task sleeping on its doorbell goes without looking at its rings anyway
 /// (see `Park::look_anyway`).
 const LOOK_ANYWAY: Duration = Duration::from_millis(20);
@@ -177,6 +183,8 @@ struct Counters {
     /// Times the progress task's look-anyway timer found work no signal had announced.
     wakeups_missed: AtomicU64,
     peers_lost: AtomicU64,
+    /// Bytes written into receivers' buffers as this rank's share of split copies.
+    split_bytes_written: AtomicU64,
     /// Records read from the rings and queued records published: [`Transport::traffic`].
     traffic: AtomicU64,
 }
@@ -238,6 +246,10 @@ pub struct ShmRank {
     counters: Counters,
     /// What is left of `settings.prefault_bytes` (see [`ShmRank::prefault`]).
     prefault_left: AtomicUsize,
+    /// Until when (nanoseconds after `born`) the progress task keeps looking for offers to
+    /// help with, without sleeping: set on each help (see [`HELP_LINGER`]).
+    helping_until: AtomicU64,
+    born: Instant,
 }
 
 impl std::fmt::Debug for ShmRank {
@@ -419,6 +431,8 @@ impl ShmRank {
             linger,
             counters: Counters::default(),
             prefault_left: AtomicUsize::new(settings.prefault_bytes),
+            helping_until: AtomicU64::new(0),
+            born: Instant::now(),
         })
     }
 }
@@ -464,6 +478,7 @@ impl ShmRank {
         s.signals_sent = get(&c.signals_sent);
         s.wakeups_missed = get(&c.wakeups_missed);
         s.peers_lost = get(&c.peers_lost);
+        s.split_bytes_written = get(&c.split_bytes_written);
         s.now = self.now();
         s
     }
@@ -623,6 +638,57 @@ impl ShmRank {
         r
     }
 
+    /// Whether `peer` found at connection that it may use this process's memory (it says so in
+    /// its own segment): it can then write its share of a split copy (the kernel checks
+    /// writing another process's memory as it checks reading it).
+    fn can_write_to_me(&self, peer: &Peer) -> bool {
+        peer.segment
+            .pair_info(self.me.rank)
+            .is_some_and(|p| p.single_copy.load(Ordering::Relaxed) == SINGLE_COPY_YES)
+    }
+
+    /// Writes shares of the payloads this rank holds for receivers that offered them (see
+    /// `split_copy`): a load per peer with held payloads when none is offered. One peer per
+    /// call, and not under the list of peers (a chunk is a system call of tens of
+    /// microseconds).
+    fn help_receivers(&self) {
+        // With records of its own to read (both ranks sending large messages at once), a
+        // rank reads them rather than help: its core is busy either way, and the peer would
+        // wait for its share.
+        if self.watching_peers.load(Ordering::Acquire) == 0 || self.own.has_unread() {
+            return;
+        }
+        let me = self.me.rank;
+        let offered = self.connected_list().iter().find_map(|p| {
+            let tag = (p.readable && !p.gone.load(Ordering::Acquire))
+                .then(|| p.segment.split_slot(me)?.open_offer())??;
+            Some((Arc::clone(p), tag))
+        });
+        let Some((peer, tag)) = offered else {
+            return;
+        };
+        let Some(payload) = peer.out.lock().held_payload(tag) else {
+            return;
+        };
+        let Some(slot) = peer.segment.split_slot(me) else {
+            return;
+        };
+        self.helping_until.store(
+            self.nanos_since_born() + HELP_LINGER.as_nanos() as u64,
+            Ordering::Relaxed,
+        );
+        let written = slot.take_chunks(tag, |c| {
+            c.total == payload.len() as u64
+                && cma::write_slice(
+                    peer.pid,
+                    c.dst + c.offset,
+                    &payload[c.offset as usize..(c.offset + c.len) as usize],
+                )
+                .is_ok()
+        });
+        bump(&self.counters.split_bytes_written, written);
+    }
+
     /// Lets go of single-copy payloads the receivers have read and ends the timing of sends
     /// they have finished taking (one load when nothing is held or timed).
     fn observe_receivers(&self) {
@@ -704,7 +770,20 @@ impl ShmRank {
         }
         // Rings of senders that said goodbye or broke may hold records never to be read;
         // they are rare, and the cost is one spurious pump.
-        self.unreported.load(Ordering::Acquire) > 0 || self.own.has_unread()
+        self.unreported.load(Ordering::Acquire) > 0 || self.own.has_unread() || self.helping()
+    }
+
+    fn nanos_since_born(&self) -> u64 {
+        self.born.elapsed().as_nanos() as u64
+    }
+
+    /// Whether this rank helped a receiver lately and still holds payloads: more offers are
+    /// likely on their way (see [`HELP_LINGER`]).
+    fn helping(&self) -> bool {
+        let until = self.helping_until.load(Ordering::Relaxed);
+        until != 0
+            && self.watching_peers.load(Ordering::Relaxed) != 0
+            && self.nanos_since_born() < until
     }
 
     /// Reads every ring; frames go to `out` unless `discard`.
@@ -726,8 +805,27 @@ impl ShmRank {
             // A sender may have written its last records and exited (or closed) before this
             // rank ever looked: what it left is read even when it can no longer be mapped.
             let peer = self.peer(ring.sender()).ok();
+            let wake_sender = || {
+                if let Some(p) = &peer {
+                    self.nudge(p);
+                }
+            };
+            let sender_free = || {
+                peer.as_ref()
+                    .is_some_and(|p| p.out.try_lock().is_some_and(|o| !o.holds_payloads()))
+            };
             let into = ReadInto {
+                wake_sender: &wake_sender,
+                sender_free: &sender_free,
                 sender_pid: peer.as_ref().map_or(0, |p| p.pid),
+                split: peer
+                    .as_ref()
+                    .filter(|p| !discard && self.settings.split_copy && self.can_write_to_me(p))
+                    .and_then(|_| self.own.split_slot(ring.sender())),
+                sender_watch: peer
+                    .as_ref()
+                    .and_then(|p| p.watch.as_ref())
+                    .map(|w| w.get_ref()),
                 pool: &self.pool,
                 discard,
             };
@@ -970,6 +1068,7 @@ impl Transport for ShmRank {
         };
         n += self.read_rings(out, false);
         self.observe_receivers();
+        self.help_receivers();
         if !gone.is_empty() {
             n += self.report_lost(gone, out);
         }

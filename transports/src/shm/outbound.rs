@@ -37,6 +37,7 @@ use super::copy_path::{CopyPath, PathChooser};
 use super::record;
 use super::ring::{Pushed, RingControl, RingProducer};
 use super::segment::{SINGLE_COPY_YES, Segment};
+use super::split_copy;
 
 /// A record that did not fit yet.
 #[derive(Debug)]
@@ -151,10 +152,24 @@ impl Outbound {
         self.queue.is_empty() && self.held.is_empty()
     }
 
+    /// Whether single-copy payloads wait for the receiver to read them.
+    pub(crate) fn holds_payloads(&self) -> bool {
+        !self.held.is_empty()
+    }
+
     /// Whether the transport must [`observe`](Self::observe) the receiver on each drain: a
     /// payload is held for it or a send is timed.
     pub(crate) fn is_watching(&self) -> bool {
         self.timed.is_some() || !self.held.is_empty()
+    }
+
+    /// The held payload whose token has split-copy tag `tag` (see `split_copy`), if any: the
+    /// receiver offered it for the sender to write a share of.
+    pub(crate) fn held_payload(&self, tag: u64) -> Option<Bytes> {
+        self.held
+            .iter()
+            .find(|(token, _)| split_copy::tag_of(*token) == tag)
+            .map(|(_, payload)| payload.clone())
     }
 
     /// Lets go of the payloads the receiver has read, and ends the timing of a send the

@@ -10,7 +10,7 @@
 //! | 64                  | 64               | the owner's [`Doorbell`]                                   |
 //! | 128                 | 64               | number of registered senders (`u32`)                       |
 //! | 192                 | 4 × world, to 64 | registered senders, in registration order (rank + 1)       |
-//! | `pairs`             | stride × world   | per possible sender: [`PairInfo`], [`RingControl`], data   |
+//! | `pairs`             | stride × world   | per possible sender: [`PairInfo`], [`SplitSlot`], [`RingControl`], data |
 //!
 //! A peer maps the segment through `/proc/<owner pid>/fd/<fd>` (the owner publishes both) and
 //! checks the header before trusting anything in it. The file is sized for every world rank,
@@ -25,12 +25,13 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use super::doorbell::Doorbell;
 use super::ring::{RingControl, RingGeometry, RingKey};
+use super::split_copy::SplitSlot;
 use crate::sync::SharedBytes;
 
 /// "rankweav" in ASCII, little-endian.
 const MAGIC: u64 = u64::from_le_bytes(*b"rankweav");
 /// The layout version this module writes and accepts.
-const VERSION: u32 = 2;
+const VERSION: u32 = 3;
 const LINE: usize = 64;
 
 /// The first cache line of a segment. Written once by the owner before it publishes the
@@ -85,6 +86,11 @@ pub(crate) struct Owner {
     pub(crate) pid: u32,
 }
 
+/// Bytes before a pair's ring control block: its [`PairInfo`] and [`SplitSlot`] lines.
+const PAIR_LINES: usize = 2 * LINE;
+const _: () =
+    assert!(std::mem::size_of::<PairInfo>() == LINE && std::mem::size_of::<SplitSlot>() == LINE);
+
 /// Offsets of the parts of a segment, from its world size and ring geometry.
 #[derive(Clone, Copy, Debug)]
 struct Layout {
@@ -99,7 +105,7 @@ impl Layout {
         let world = world as usize;
         let senders = 3 * LINE;
         let pairs = (senders + 4 * world).next_multiple_of(LINE);
-        let stride = LINE + std::mem::size_of::<RingControl>() + geometry.capacity;
+        let stride = PAIR_LINES + std::mem::size_of::<RingControl>() + geometry.capacity;
         let len = pairs.checked_add(stride.checked_mul(world)?)?;
         Some(Layout {
             senders,
@@ -422,17 +428,25 @@ impl Segment {
             .map(|p| unsafe { &*p.cast::<PairInfo>() })
     }
 
+    /// The split-copy slot of the pair from `sender` (see `split_copy`).
+    pub(crate) fn split_slot(&self, sender: u32) -> Option<&SplitSlot> {
+        // SAFETY: the second line of the pair area, made of atomics (all zeros is a valid
+        // slot with no offer), only accessed atomically; it lives as long as the mapping.
+        self.pair_base(sender)
+            .map(|p| unsafe { &*p.add(LINE).cast::<SplitSlot>() })
+    }
+
     /// The ring from `sender` to the owner: its control block and data area.
     pub(crate) fn ring(&self, sender: u32) -> Option<(&RingControl, SharedBytes)> {
         self.pair_base(sender).map(|p| {
-            // SAFETY: the control block follows the pair-info line; it is made of atomics,
+            // SAFETY: the control block follows the pair-info and split-copy lines; it is made of atomics,
             // for which all zeros is a valid empty ring. The data area follows it, `capacity`
             // bytes inside the mapping, which lives as long as `self` (the returned values
             // borrow or are used only while the segment is held).
             unsafe {
-                let control = &*p.add(LINE).cast::<RingControl>();
+                let control = &*p.add(PAIR_LINES).cast::<RingControl>();
                 let data = SharedBytes::from_raw(
-                    p.add(LINE + std::mem::size_of::<RingControl>()),
+                    p.add(PAIR_LINES + std::mem::size_of::<RingControl>()),
                     self.geometry.capacity,
                 );
                 (control, data)

@@ -824,3 +824,94 @@ fn a_woken_receive_runs_before_the_progress_task_reads_on() {
     });
     sender.join().unwrap();
 }
+
+/// Sends `count` single-copy frames of `len` bytes from `t[0]` to `t[1]` while `helper` runs
+/// on another thread until they are all received; checks them whole and in order.
+fn split_round(t: &[ShmTransport], count: usize, len: usize, seed: u64, helper: impl Fn() + Sync) {
+    for i in 0..count {
+        t[0].send(1, eager(i as u64, pattern(len, seed + i as u64)))
+            .unwrap();
+    }
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !stop.load(Ordering::Acquire) {
+                helper();
+            }
+        });
+        let got = payloads(collect(&t[1], &[], count), 0);
+        stop.store(true, Ordering::Release);
+        assert_eq!(got.len(), count);
+        for (i, (seq, p)) in got.iter().enumerate() {
+            assert_eq!(*seq, i as u64, "order kept");
+            assert!(
+                p[..] == pattern(len, seed + i as u64)[..],
+                "content of frame {i}"
+            );
+        }
+    });
+}
+
+/// A sender whose progress runs while the receiver reads writes a share of each long payload
+/// into the receiver's buffer (`split_bytes_written`), and the payloads arrive whole. Whether
+/// the sender gets to a payload before the receiver has taken all of it depends on the
+/// threads' timing, so rounds go on until it has (at most 50).
+#[tokio::test]
+async fn a_sender_writes_its_share_of_long_payloads() {
+    let t = job(2, settings(1 << 20, true));
+    // Connect both ways: the receiver then knows the sender may write its memory.
+    t[1].send(0, eager(0, vec![1])).unwrap();
+    assert_eq!(collect(&t[0], &[], 1).len(), 1);
+    t[0].send(1, eager(0, vec![1])).unwrap();
+    assert_eq!(collect(&t[1], &[], 1).len(), 1);
+    let mut rounds = 0;
+    while t[0].counters().split_bytes_written == 0 {
+        rounds += 1;
+        assert!(rounds <= 50, "the sender never wrote a share");
+        split_round(&t, 4, 4 << 20, rounds, || {
+            t[0].drain(&mut Vec::new()).unwrap();
+        });
+    }
+    let c = t[0].counters();
+    assert!(c.split_bytes_written < c.bytes_sent);
+    // Small payloads are never offered.
+    let before = c.split_bytes_written;
+    split_round(&t, 8, 100_000, 99, || {
+        t[0].drain(&mut Vec::new()).unwrap();
+    });
+    assert_eq!(t[0].counters().split_bytes_written, before);
+}
+
+/// A share the sender claimed but could not write (here: scribbled over and reported failed)
+/// is read again by the receiver: the payload still arrives whole.
+#[tokio::test]
+async fn a_failed_share_is_read_again_by_the_receiver() {
+    let t = job(
+        2,
+        ShmConfig {
+            split_copy: true,
+            ..settings(1 << 20, true)
+        },
+    );
+    t[1].send(0, eager(0, vec![1])).unwrap();
+    assert_eq!(collect(&t[0], &[], 1).len(), 1);
+    t[0].send(1, eager(0, vec![1])).unwrap();
+    assert_eq!(collect(&t[1], &[], 1).len(), 1);
+    let slot = t[1].rank.own.split_slot(0).unwrap();
+    let failed = AtomicU64::new(0);
+    let mut rounds = 0;
+    while failed.load(Ordering::Acquire) == 0 {
+        rounds += 1;
+        assert!(rounds <= 50, "the stand-in sender never got a chunk");
+        split_round(&t, 4, 4 << 20, rounds, || {
+            if let Some(tag) = slot.open_offer() {
+                slot.take_chunks(tag, |c| {
+                    let junk = vec![0xEEu8; c.len as usize];
+                    cma::write_slice(std::process::id(), c.dst + c.offset, &junk).unwrap();
+                    failed.fetch_add(1, Ordering::Release);
+                    false
+                });
+            }
+        });
+    }
+}
