@@ -90,19 +90,23 @@ impl Job {
     }
 }
 
+/// Runs `receiver` on this thread while the sender helps on another, then stops the sender.
+fn with_sender(job: Arc<Job>, receiver: impl FnOnce(&Job)) {
+    let sender = {
+        let job = job.clone();
+        thread::spawn(move || job.help())
+    };
+    receiver(&job);
+    job.over.store(true, Ordering::Release);
+    sender.join().unwrap();
+}
+
 /// (a) One payload, both sides copying: every chunk is copied once, and the receiver sees the
 /// sender's chunk complete (its `done` is `Release`/`Acquire`) before it reads its buffer.
 #[test]
 fn one_payload_two_copiers() {
     model(|| {
-        let job = Job::new(1);
-        let sender = {
-            let job = job.clone();
-            thread::spawn(move || job.help())
-        };
-        job.receive(0);
-        job.over.store(true, Ordering::Release);
-        sender.join().unwrap();
+        with_sender(Job::new(1), |job| job.receive(0));
     });
 }
 
@@ -111,16 +115,11 @@ fn one_payload_two_copiers() {
 #[test]
 fn a_late_claim_never_lands_in_the_next_payload() {
     model(|| {
-        let job = Job::new(2);
         assert_ne!(tag_of(0), tag_of(1));
-        let sender = {
-            let job = job.clone();
-            thread::spawn(move || job.help())
-        };
-        job.receive(0);
-        job.receive(1);
-        job.over.store(true, Ordering::Release);
-        sender.join().unwrap();
+        with_sender(Job::new(2), |job| {
+            job.receive(0);
+            job.receive(1);
+        });
     });
 }
 

@@ -876,7 +876,7 @@ async fn a_sender_writes_its_share_of_long_payloads() {
     assert!(c.split_bytes_written < c.bytes_sent);
     // Small payloads are never offered.
     let before = c.split_bytes_written;
-    split_round(&t, 8, 100_000, 99, || {
+    split_round(&t, 8, 60_000, 99, || {
         t[0].drain(&mut Vec::new()).unwrap();
     });
     assert_eq!(t[0].counters().split_bytes_written, before);
