@@ -763,7 +763,8 @@ impl ShmRank {
     }
 
     /// Whether anything needs the progress engine: records in a ring, frames to self, queued
-    /// records that now fit, or a peer to report lost. Lock-free.
+    /// records that now fit, a peer to report lost, or split-copy offers likely on their way
+    /// (see [`helping`](Self::helping)). Lock-free.
     fn has_work(&self) -> bool {
         if !self.loopback.is_empty() || self.can_flush() {
             return true;
