@@ -37,8 +37,9 @@ pub(crate) struct ReadInto<'a> {
     /// The pair's split-copy slot, where long single-copy payloads are offered to the sender
     /// to share the copy (see `split_copy`); `None`: read alone.
     pub(crate) split: Option<&'a SplitSlot>,
-    /// Whether to offer a payload now (asked only of payloads long enough): not while this
-    /// rank sends large messages to the sender as well, whose reading keeps it busy.
+    /// Whether to offer a payload now (asked only of payloads long enough): not where the
+    /// sender may not write this process's memory, nor while this rank sends large messages
+    /// to the sender as well, whose reading keeps it busy.
     pub(crate) sender_free: &'a dyn Fn() -> bool,
     /// Tells when the sender's process has exited (`None` for a rank of this process): a
     /// split copy stops waiting for the sender's share then.

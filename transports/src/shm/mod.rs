@@ -811,18 +811,20 @@ impl ShmRank {
                     self.nudge(p);
                 }
             };
+            // Asked only for payloads long enough to split: nothing here on the path of a
+            // small message.
             let sender_free = || {
-                peer.as_ref()
-                    .is_some_and(|p| p.out.try_lock().is_some_and(|o| !o.holds_payloads()))
+                peer.as_ref().is_some_and(|p| {
+                    self.can_write_to_me(p) && p.out.try_lock().is_some_and(|o| !o.holds_payloads())
+                })
             };
             let into = ReadInto {
                 wake_sender: &wake_sender,
                 sender_free: &sender_free,
                 sender_pid: peer.as_ref().map_or(0, |p| p.pid),
-                split: peer
-                    .as_ref()
-                    .filter(|p| !discard && self.settings.split_copy && self.can_write_to_me(p))
-                    .and_then(|_| self.own.split_slot(ring.sender())),
+                split: (peer.is_some() && !discard && self.settings.split_copy)
+                    .then(|| self.own.split_slot(ring.sender()))
+                    .flatten(),
                 sender_watch: peer
                     .as_ref()
                     .and_then(|p| p.watch.as_ref())
