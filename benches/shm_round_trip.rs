@@ -4,8 +4,9 @@
 //! executed inside [`round_trips`] is one rank's work on the path and none is waiting.
 //!
 //! ```text
-//! cargo bench --bench shm_round_trip -- 1 100000        # SIZE ITERATIONS [miss|barrier|bcast|allreduce|window]
+//! cargo bench --bench shm_round_trip -- 1 100000        # SIZE ITERATIONS [miss|into|barrier|bcast|allreduce|window]
 //! bench/callgrind-shm 1                                  # instructions per round trip
+//! bench/callgrind-shm 1 3000 into                        # ... receiving with recv_into
 //! bench/callgrind-shm 0 3000 barrier                     # ... per 2-rank barrier
 //! bench/callgrind-shm 8 3000 bcast                       # ... per 2-rank 8-byte broadcast
 //! bench/callgrind-shm 8 3000 allreduce                   # ... per 2-rank 8-byte all-reduce
@@ -101,6 +102,20 @@ async fn round_trips(c: &[Communicator], buf: &Bytes, n: usize, mode: Mode) {
         }
         return;
     }
+    if mode == Mode::Into {
+        // As osu_latency's `MPI_Recv`: each receive into a buffer of the rank's own.
+        let mut bufs = [vec![0u8; buf.len()], vec![0u8; buf.len()]];
+        for _ in 0..n {
+            for (from, to) in [(0usize, 1usize), (1, 0)] {
+                let [b0, b1] = &mut bufs;
+                let dst = if to == 0 { b0 } else { b1 };
+                let r = c[to].recv_into(from, 1u32, &mut dst[..]);
+                c[from].send(to, 1, buf.clone()).await.expect("send");
+                assert_eq!(r.await.expect("recv_into").len, buf.len());
+            }
+        }
+        return;
+    }
     let miss = mode == Mode::Miss;
     for _ in 0..n {
         for (from, to) in [(0usize, 1usize), (1, 0)] {
@@ -124,6 +139,8 @@ enum Mode {
     Hit,
     /// Each receive is polled once before its message is sent.
     Miss,
+    /// As `Hit`, each receive into a buffer of its own (`recv_into`).
+    Into,
     /// Barriers instead of round trips.
     Barrier,
     /// Broadcasts of `SIZE` bytes from rank 0 instead of round trips.
@@ -141,20 +158,21 @@ fn main() {
         support::number_arg(&args, 1, 100_000),
     ) else {
         eprintln!(
-            "usage: shm_round_trip [SIZE [ITERATIONS [miss|barrier|bcast|allreduce|window]]]"
+            "usage: shm_round_trip [SIZE [ITERATIONS [miss|into|barrier|bcast|allreduce|window]]]"
         );
         std::process::exit(2);
     };
     let mode = match args.get(2).map(String::as_str) {
         None => Mode::Hit,
         Some("miss") => Mode::Miss,
+        Some("into") => Mode::Into,
         Some("barrier") => Mode::Barrier,
         Some("bcast") => Mode::Bcast,
         Some("allreduce") => Mode::Allreduce,
         Some("window") => Mode::Window,
         Some(other) => {
             eprintln!(
-                "shm_round_trip: unknown mode {other:?} (miss, barrier, bcast, allreduce or window)"
+                "shm_round_trip: unknown mode {other:?} (miss, into, barrier, bcast, allreduce or window)"
             );
             std::process::exit(2);
         }

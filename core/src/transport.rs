@@ -85,7 +85,10 @@ impl EagerWant {
 pub struct EagerTaken {
     /// Its tag.
     pub tag: u32,
-    /// Its payload, copied out of the transport's buffer.
+    /// Its payload's length in bytes.
+    pub len: usize,
+    /// Its payload, copied out of the transport's buffer; empty when the payload was copied
+    /// into the receive's own buffer instead (`into` of [`Transport::take_eager`]).
     pub data: Bytes,
 }
 
@@ -153,8 +156,13 @@ pub trait Transport: Send + Sync + 'static {
     /// one `drain` would deliver next from that sender, so per-sender order holds. A frame
     /// that cannot be looked at in place (one still arriving in pieces, a control record) is
     /// left for `drain`. The default takes nothing.
-    fn take_eager(&self, want: &EagerWant) -> Option<EagerTaken> {
-        let _ = want;
+    ///
+    /// With `into` (a receive into the caller's buffer, at least `want.max_len` bytes long) the
+    /// payload is copied there, at its start, and [`EagerTaken::data`] stays empty: the message
+    /// is copied once, from the transport to where the application wants it, with no buffer
+    /// allocated for it on the way.
+    fn take_eager(&self, want: &EagerWant, into: Option<&mut [u8]>) -> Option<EagerTaken> {
+        let _ = (want, into);
         None
     }
 

@@ -48,7 +48,7 @@ fn wait_for(t: &ShmTransport, from: u32, seq: u64) {
         max_len: 64,
     };
     loop {
-        if t.may_have_arrivals() && t.take_eager(&want).is_some() {
+        if t.may_have_arrivals() && t.take_eager(&want, None).is_some() {
             return;
         }
         std::hint::spin_loop();

@@ -139,9 +139,9 @@ impl Transport for SplitTransport {
         }
     }
 
-    fn take_eager(&self, want: &EagerWant) -> Option<EagerTaken> {
+    fn take_eager(&self, want: &EagerWant, into: Option<&mut [u8]>) -> Option<EagerTaken> {
         // Only local peers write into this rank's rings; a remote one has nothing there.
-        self.local.take_eager(want)
+        self.local.take_eager(want, into)
     }
 
     fn poll_arrival(&self, cx: &mut Context<'_>) -> Poll<()> {

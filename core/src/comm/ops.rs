@@ -272,12 +272,30 @@ impl Future for RecvIntoOp<'_> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
-        Pin::new(&mut this.op).poll(cx).map(|r| {
-            let msg = r?;
-            // The engine refused longer messages (Truncated), so this always fits.
-            let n = msg.data.len().min(this.buf.len());
-            crate::byte_copy::copy_slice(&mut this.buf[..n], &msg.data[..n]);
-            Ok(msg.status())
+        let buf = &mut *this.buf;
+        let RecvState::Pending { id, wait, finished } = &mut this.op.state else {
+            // Failed, or matched when posted: its bytes are in a buffer already.
+            return Pin::new(&mut this.op).poll(cx).map(|r| {
+                let msg = r?;
+                // The engine refused longer messages (Truncated), so this always fits.
+                let n = msg.data.len().min(buf.len());
+                crate::byte_copy::copy_slice(&mut buf[..n], &msg.data[..n]);
+                Ok(msg.status())
+            });
+        };
+        let (id, comm) = (*id, &this.op.comm);
+        let driver = &comm.inner.driver;
+        let r = driver.poll_op(
+            cx,
+            wait,
+            // The message's bytes go straight into `buf` when it is taken from the transport.
+            |st| driver.take_recv_into(st, id, buf),
+            |st, w| st.park(Waiting::Recv(id), w),
+        );
+        r.map(|r| {
+            *finished = true;
+            r.map(|(source, tag, len)| comm.status(source, tag, len))
+                .map_err(|e| comm.local_error(e))
         })
     }
 }

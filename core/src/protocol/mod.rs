@@ -730,7 +730,7 @@ impl Endpoint {
                 seq
             }
         };
-        let len = taken.data.len() as u64;
+        let len = taken.len as u64;
         // One look-up for both: this is every small message's path.
         let threshold = self.credit_threshold();
         let peer = self.peer(from);
@@ -767,6 +767,7 @@ impl Endpoint {
         }
         let taken = EagerTaken {
             tag: envelope.tag,
+            len: payload.len(),
             // An allocation of its own: making and dropping it touches no reference count (a
             // slice of a shared chunk costs two atomic operations, more than the allocation).
             data: crate::byte_copy::bytes_from(payload),

@@ -431,14 +431,49 @@ impl Driver {
         if let Some(r) = st.endpoint.take_recv(id) {
             return Some(r);
         }
+        self.take_straight(st, id, None)
+            .map(|(received, _)| Ok(received))
+    }
+
+    /// [`take_recv`](Self::take_recv) for a receive into `buf` (no longer than the receive's
+    /// capacity allows): the message's sender, tag and length once it finished. An eager
+    /// message taken straight from the transport is copied into `buf` there, with no buffer of
+    /// its own on the way; one that came through matching is copied from its buffer.
+    pub(crate) fn take_recv_into(
+        &self,
+        st: &mut DriverState,
+        id: RecvId,
+        buf: &mut [u8],
+    ) -> Option<Result<(u32, u32, usize), Error>> {
+        if let Some(r) = st.endpoint.take_recv(id) {
+            return Some(r.map(|m| {
+                // The engine refused longer messages (`Truncated`), so it fits.
+                let n = m.data.len().min(buf.len());
+                crate::byte_copy::copy_slice(&mut buf[..n], &m.data[..n]);
+                (m.source, m.tag, m.data.len())
+            }));
+        }
+        self.take_straight(st, id, Some(buf))
+            .map(|(m, len)| Ok((m.source, m.tag, len)))
+    }
+
+    /// Receive `id`'s eager message taken straight from the transport (its payload copied to
+    /// `into` if given, and then not in the result's `data`), with the payload's length.
+    fn take_straight(
+        &self,
+        st: &mut DriverState,
+        id: RecvId,
+        into: Option<&mut [u8]>,
+    ) -> Option<(Received, usize)> {
         let direct = st.endpoint.direct_want(id)?;
-        let taken = self.transport.take_eager(&direct.want)?;
+        let taken = self.transport.take_eager(&direct.want, into)?;
+        let len = taken.len;
         let m = st.endpoint.take_direct(id, &direct, taken);
         if !st.wakers.is_empty() {
             // It parked once; no completion event will come to take its waker away.
             st.unpark(Waiting::Recv(id));
         }
-        Some(Ok(m.received))
+        Some((m.received, len))
     }
 
     /// Pumps once; used by the progress task. Returns whether it woke a parked future.

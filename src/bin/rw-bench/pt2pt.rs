@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use rankweave::{Collectives, Communicator, Message, RecvOp, SendOp};
+use rankweave::{Collectives, Communicator, Message, RecvOp, SendOp, Status};
 
 use crate::cli::Options;
 use crate::error::{BenchError, Result};
@@ -38,11 +38,14 @@ pub(crate) fn send_buffer(len: usize, fill: u8) -> Bytes {
 }
 
 fn check_len(msg: &Message, expected: usize, what: &str) -> Result<()> {
-    if msg.len() != expected {
+    check_status(&msg.status(), expected, what)
+}
+
+fn check_status(status: &Status, expected: usize, what: &str) -> Result<()> {
+    if status.len != expected {
         return Err(BenchError::Verify(format!(
             "{what}: rank received {} bytes from rank {}, expected {expected}",
-            msg.len(),
-            msg.source()
+            status.len, status.source
         )));
     }
     Ok(())
@@ -52,12 +55,15 @@ fn secs(d: Duration) -> f64 {
     d.as_secs_f64()
 }
 
-/// Ping-pong between ranks 0 and 1; one-way latency = round trip / 2, in µs.
+/// Ping-pong between ranks 0 and 1; one-way latency = round trip / 2, in µs. Each rank
+/// receives into a buffer of its own, as osu_latency's `MPI_Recv` does (`recv_into`: a small
+/// message is copied from the transport straight there).
 pub async fn latency(comm: &Communicator, opts: &Options, out: &mut Reporter) -> Result<()> {
     let me = comm.rank();
     for size in opts.sizes() {
         let (iters, skip) = opts.loops(size);
         let buf = payload(size);
+        let mut rbuf = vec![0u8; size];
         comm.barrier().await?;
         let mut total = Duration::ZERO;
         match me {
@@ -65,17 +71,17 @@ pub async fn latency(comm: &Communicator, opts: &Options, out: &mut Reporter) ->
                 for i in 0..iters + skip {
                     let t = Instant::now();
                     comm.send(1, TAG_LATENCY, buf.clone()).await?;
-                    let pong = comm.recv(1, TAG_LATENCY).await?;
+                    let pong = comm.recv_into(1, TAG_LATENCY, &mut rbuf).await?;
                     if i >= skip {
                         total += t.elapsed();
                     }
-                    check_len(&pong, size, "latency")?;
+                    check_status(&pong, size, "latency")?;
                 }
             }
             1 => {
                 for _ in 0..iters + skip {
-                    let ping = comm.recv(0, TAG_LATENCY).await?;
-                    check_len(&ping, size, "latency")?;
+                    let ping = comm.recv_into(0, TAG_LATENCY, &mut rbuf).await?;
+                    check_status(&ping, size, "latency")?;
                     comm.send(0, TAG_LATENCY, buf.clone()).await?;
                 }
             }

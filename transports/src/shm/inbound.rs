@@ -220,6 +220,7 @@ impl Inbound {
         &mut self,
         own: &Segment,
         want: &EagerWant,
+        into: Option<&mut [u8]>,
     ) -> (Option<EagerTaken>, bool) {
         if self.stream.said_bye || self.stream.broken {
             return (None, false);
@@ -232,11 +233,23 @@ impl Inbound {
                 return None;
             }
             let (envelope, payload) = wire::decode_eager(body)?;
-            want.accepts(&envelope, payload.len()).then(|| EagerTaken {
-                tag: envelope.tag,
+            if !want.accepts(&envelope, payload.len()) {
+                return None;
+            }
+            let data = match into {
+                // `accepts` held the payload to `want.max_len`, which `into` is at least.
+                Some(dst) => {
+                    byte_copy::copy_slice(&mut dst[..payload.len()], payload);
+                    Bytes::new()
+                }
                 // An allocation of its own: making and dropping it touches no reference count
                 // (a slice of a shared chunk costs two atomic operations, more than that).
-                data: byte_copy::bytes_from(payload),
+                None => byte_copy::bytes_from(payload),
+            };
+            Some(EagerTaken {
+                tag: envelope.tag,
+                len: payload.len(),
+                data,
             })
         });
         let taken = match popped {

@@ -328,8 +328,8 @@ impl Transport for ShmTransport {
         self.rank.drain(out)
     }
 
-    fn take_eager(&self, want: &EagerWant) -> Option<EagerTaken> {
-        self.rank.take_eager(want)
+    fn take_eager(&self, want: &EagerWant, into: Option<&mut [u8]>) -> Option<EagerTaken> {
+        self.rank.take_eager(want, into)
     }
 
     fn send_eager(
@@ -1078,7 +1078,7 @@ impl Transport for ShmRank {
         Ok(n)
     }
 
-    fn take_eager(&self, want: &EagerWant) -> Option<EagerTaken> {
+    fn take_eager(&self, want: &EagerWant, into: Option<&mut [u8]>) -> Option<EagerTaken> {
         if self.closed.load(Ordering::Acquire) {
             return None;
         }
@@ -1088,10 +1088,10 @@ impl Transport for ShmRank {
             self.add_senders(&mut inbound);
         }
         let ring = inbound.rings.iter_mut().find(|r| r.sender() == want.from)?;
-        let (taken, producer_waits) = ring.take_eager(&self.own, want);
+        let (taken, producer_waits) = ring.take_eager(&self.own, want, into);
         if let Some(t) = &taken {
             inbound.frames_received += 1;
-            inbound.bytes_received += t.data.len() as u64;
+            inbound.bytes_received += t.len as u64;
         }
         drop(inbound);
         if producer_waits {

@@ -334,7 +334,7 @@ async fn a_waiting_piece_needs_room_for_itself_not_for_any_record() {
         seq: 0,
         max_len: usize::MAX,
     };
-    assert!(t[1].take_eager(&want).is_some());
+    assert!(t[1].take_eager(&want, None).is_some());
     assert!(!t[0].rank.can_flush(), "no room for the next piece yet");
     assert!(!t[0].rank.has_work());
     // Once the receiver reads on, the rest goes out and arrives whole.
@@ -585,40 +585,56 @@ async fn an_eager_frame_is_taken_in_place_only_if_wanted_and_the_rest_left_for_d
         max_len: usize::MAX,
     };
     // Nothing there yet (and no ring from that sender known).
-    assert_eq!(t[1].take_eager(&want(0)), None);
+    assert_eq!(t[1].take_eager(&want(0), None), None);
     for seq in 0..10u64 {
         t[0].send(1, eager(seq, pattern(100, seq))).unwrap();
         t[2].send(1, eager(seq, pattern(10, seq))).unwrap();
     }
     assert_eq!(
-        t[1].take_eager(&want(0)),
+        t[1].take_eager(&want(0), None),
         Some(EagerTaken {
             tag: 9,
+            len: 100,
             data: pattern(100, 0).into()
         })
     );
     // Frames that are not the wanted message stay first in line: another sequence number,
     // context or tag, a payload longer than the receive takes.
-    assert_eq!(t[1].take_eager(&want(2)), None);
+    assert_eq!(t[1].take_eager(&want(2), None), None);
     let other_context = EagerWant {
         context: ContextId(3),
         ..want(1)
     };
-    assert_eq!(t[1].take_eager(&other_context), None);
+    assert_eq!(t[1].take_eager(&other_context, None), None);
     let other_tag = EagerWant {
         tag: Some(8),
         ..want(1)
     };
-    assert_eq!(t[1].take_eager(&other_tag), None);
+    assert_eq!(t[1].take_eager(&other_tag, None), None);
     let too_short = EagerWant {
         max_len: 99,
         ..want(1)
     };
-    assert_eq!(t[1].take_eager(&too_short), None);
-    assert_eq!(t[1].counters().frames_received, 1);
+    assert_eq!(t[1].take_eager(&too_short, None), None);
+    // Into the receive's own buffer: copied there, nothing allocated for it.
+    let exact = EagerWant {
+        max_len: 100,
+        ..want(1)
+    };
+    let mut buf = vec![0u8; 100];
+    assert_eq!(
+        t[1].take_eager(&exact, Some(&mut buf)),
+        Some(EagerTaken {
+            tag: 9,
+            len: 100,
+            data: Bytes::new()
+        })
+    );
+    assert_eq!(buf, pattern(100, 1));
+    assert_eq!(t[1].counters().frames_received, 2);
     // Drain delivers the rest of both senders' frames, each sender's in order, the declined one
     // first.
-    let out = collect(&t[1], &[&t[0], &t[2]], 19);
+    let out = collect(&t[1], &[&t[0], &t[2]], 18);
     let seqs = |from: u32| -> Vec<u64> {
         out.iter()
             .filter_map(|a| match a {
@@ -630,10 +646,10 @@ async fn an_eager_frame_is_taken_in_place_only_if_wanted_and_the_rest_left_for_d
             })
             .collect()
     };
-    assert_eq!(seqs(0), (1..10).collect::<Vec<_>>());
+    assert_eq!(seqs(0), (2..10).collect::<Vec<_>>());
     assert_eq!(seqs(2), (0..10).collect::<Vec<_>>());
     assert_eq!(t[1].counters().frames_received, 20);
-    assert_eq!(t[1].take_eager(&want(10)), None);
+    assert_eq!(t[1].take_eager(&want(10), None), None);
 }
 
 /// Bytes of the mapping at `addr` that this process has mapped in (its `Rss` in
@@ -734,6 +750,66 @@ async fn an_exchange_takes_a_message_already_in_the_ring_at_the_call() {
         sent.await,
         Err(Error::InvalidRank { rank: 2, size: 2 })
     ));
+}
+
+/// `recv_into` over shared memory: a small message is copied from the ring straight into the
+/// caller's buffer — whether the receive waited for it or it was already in the ring — or, if
+/// it went through matching first (taken in by another receive's pump), from its buffer; a
+/// message longer than the buffer is refused (`Truncated`) and stays first in line.
+#[tokio::test]
+async fn a_receive_into_a_buffer_gets_its_message_from_the_ring() {
+    use std::future::Future;
+    use std::pin::pin;
+    use std::task::{Context, Waker};
+    let comms = world(2, &Config::default()).unwrap();
+    let mut buf = [0u8; 100];
+    // Waiting first: the receive is posted and polled before the message is sent.
+    {
+        let mut waiting = pin!(comms[1].recv_into(0, 7, &mut buf));
+        let mut cx = Context::from_waker(Waker::noop());
+        assert!(waiting.as_mut().poll(&mut cx).is_pending());
+        comms[0].send(1, 7, pattern(100, 1)).await.unwrap();
+        let status = waiting.await.unwrap();
+        assert_eq!((status.source, status.tag, status.len), (0, 7, 100));
+    }
+    assert_eq!(buf.to_vec(), pattern(100, 1));
+    // Already in the ring when posted.
+    comms[0].send(1, 7, pattern(60, 2)).await.unwrap();
+    assert_eq!(comms[1].recv_into(0, 7, &mut buf).await.unwrap().len, 60);
+    assert_eq!(buf[..60].to_vec(), pattern(60, 2));
+    // Taken in by the pump of a receive for another tag, then matched.
+    comms[0].send(1, 7, pattern(30, 3)).await.unwrap();
+    comms[0].send(1, 8, pattern(1, 4)).await.unwrap();
+    assert_eq!(comms[1].recv(0, 8).await.unwrap().data()[..], pattern(1, 4));
+    assert_eq!(comms[1].recv_into(0, 7, &mut buf).await.unwrap().len, 30);
+    assert_eq!(buf[..30].to_vec(), pattern(30, 3));
+    // Waiting beside another receive (so not taken straight from the ring): matched by the
+    // pump, then copied from its buffer.
+    {
+        let mut cx = Context::from_waker(Waker::noop());
+        let mut waiting = pin!(comms[1].recv_into(0, 7, &mut buf));
+        let mut other = pin!(comms[1].recv(0, 9));
+        assert!(waiting.as_mut().poll(&mut cx).is_pending());
+        assert!(other.as_mut().poll(&mut cx).is_pending());
+        comms[0].send(1, 7, pattern(40, 6)).await.unwrap();
+        assert_eq!(waiting.await.unwrap().len, 40);
+    }
+    assert_eq!(buf[..40].to_vec(), pattern(40, 6));
+    // Too long for the buffer: refused, and still there for a receive that takes it.
+    comms[0].send(1, 7, pattern(100, 5)).await.unwrap();
+    let mut short = [0u8; 50];
+    assert!(matches!(
+        comms[1].recv_into(0, 7, &mut short).await,
+        Err(Error::Truncated {
+            len: 100,
+            capacity: 50,
+            ..
+        })
+    ));
+    assert_eq!(
+        comms[1].recv(0, 7).await.unwrap().data()[..],
+        pattern(100, 5)
+    );
 }
 
 /// Parked receives of a window of large messages (rendezvous, then single copy), published
