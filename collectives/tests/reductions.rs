@@ -330,7 +330,8 @@ async fn reduce_of_large_vectors() {
 }
 
 /// Every algorithm, forced or chosen: the automatic choice takes recursive doubling below 64 KiB
-/// and Rabenseifner from there (on two ranks, recursive doubling at every size). Direct reads
+/// and Rabenseifner from there (on two ranks, recursive doubling but where only the halves go
+/// inline through a shared-memory ring; see `two_ranks_halve_only_where_the_halves_go_inline`). Direct reads
 /// decline between in-process ranks, which cannot read each other's memory through the
 /// transport, so that choice tests the fallback.
 const ALLREDUCE_CHOICES: [Option<AllreduceAlgorithm>; 5] = [
@@ -432,6 +433,41 @@ async fn allreduce_by_direct_reads_over_shared_memory() {
                     "rank {rank} sent only {sent} bytes"
                 );
             }
+        }
+    }
+}
+
+/// On two ranks the automatic choice exchanges the whole vector once, except where only its
+/// halves go inline through a shared-memory ring (from 32 KiB to 64 KiB of data with the
+/// default settings): then Rabenseifner, two exchanges of halves. Both give the reference
+/// result, in rank order too; which ran shows in the messages each rank sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_ranks_halve_only_where_the_halves_go_inline() {
+    let config = Config {
+        transport: TransportKind::Shm,
+        ..Config::default()
+    };
+    // u32 elements: 16 000, 36 000, 65 536 and 80 000 bytes.
+    let lengths = [4000, 9000, 1 << 14, 20_000];
+    let all = Collective::AllReduce;
+    run_cases(all, 2, &config, cases(&lengths, &int_ops::<u32>(), |_| 0)).await;
+    run_cases(all, 2, &config, cases(&lengths, &[compose()], |_| 0)).await;
+    for (len, messages) in lengths.into_iter().zip([1, 2, 2, 1]) {
+        let got = job_with(2, &config, move |comm| async move {
+            let mine = vec![comm.rank() as u32 + 1; len];
+            let sent = |comm: &rankweave_core::Communicator| {
+                let s = comm.stats();
+                s.eager_messages_sent + s.rendezvous_messages_sent
+            };
+            let before = sent(&comm);
+            let sum = comm.all_reduce(&mine, Op::Sum).await?;
+            Ok::<_, Error>((sum, sent(&comm) - before))
+        })
+        .await;
+        for (rank, r) in got.into_iter().enumerate() {
+            let (sum, sent) = r.unwrap();
+            assert!(sum.iter().all(|&v| v == 3), "rank {rank}: wrong sum");
+            assert_eq!(sent, messages, "{len} elements: messages rank {rank} sent");
         }
     }
 }

@@ -45,8 +45,9 @@ pub struct ShmConfig {
     /// a power of two of at least 4 KiB. Default 128 KiB.
     pub ring_bytes: usize,
     /// `RANKWEAVE_SHM_INLINE`: frames up to this many bytes (header included) are copied
-    /// through the ring; larger ones go by single copy (or in pieces). Default 32 KiB; capped
-    /// at a quarter of the ring.
+    /// through the ring; larger ones go by single copy (or in pieces). Default 32 KiB plus 128
+    /// bytes, so that a 32 KiB payload goes inline with its frame header and a collective's
+    /// framing (a reduction's kind byte); capped at a quarter of the ring plus 256 bytes.
     pub inline_max: usize,
     /// `RANKWEAVE_SHM_PIPELINE_MAX`: frames longer than `inline_max` whose payload is at most
     /// this many bytes are pipelined through the ring in pieces (both ranks copy, overlapped),
@@ -87,7 +88,7 @@ impl Default for ShmConfig {
     fn default() -> Self {
         ShmConfig {
             ring_bytes: 128 * 1024,
-            inline_max: 32 * 1024,
+            inline_max: 32 * 1024 + 128,
             pipeline_max: 64 * 1024 * 1024,
             adaptive: true,
             single_copy: true,

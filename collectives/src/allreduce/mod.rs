@@ -6,9 +6,12 @@
 //! otherwise, for a commutative operation from `allreduce_direct` bytes on (four times that on
 //! two ranks), [direct reads](direct) where every rank can read the others' memory; else
 //! recursive doubling below `allreduce_large` bytes and Rabenseifner from there — except on two
-//! ranks, which always exchange their whole vectors once (recursive doubling): there
-//! Rabenseifner's halving saves half of the combining but costs a second exchange, and measured
-//! 1.05–1.45× slower from 32 KiB to 1 MiB over shared memory.
+//! ranks, which exchange their whole vectors once (recursive doubling): there Rabenseifner's
+//! halving saves half of the combining but costs a second exchange, and measured 1.05–1.45×
+//! slower from 32 KiB to 1 MiB over shared memory — unless its halves go inline through a
+//! shared-memory ring (`RANKWEAVE_SHM_INLINE`) and the whole vector does not (from 32 KiB to
+//! 64 KiB by default), where two exchanges of inline halves take 0.55–0.6× the time of one
+//! exchange of the whole.
 //! Recursive doubling and Rabenseifner keep rank order, so they serve every operation. The ring
 //! does not (a block's partial result travels around the ring, wrapping from rank n − 1 to 0), so
 //! a forced ring with a non-commutative operation falls back to the automatic choice.
@@ -38,7 +41,7 @@
 //! end the odd ranks send the result to their even partners.
 
 use rankweave_core::tuning::AllreduceAlgorithm;
-use rankweave_core::{Error, byte_copy};
+use rankweave_core::{Error, byte_copy, wire};
 
 mod direct;
 
@@ -72,8 +75,8 @@ async fn direct_or_messages<T: Element>(
     match direct::direct(reduction, data).await? {
         Outcome::Ran(result) => Ok(result),
         Outcome::Declined(data) => {
-            let bytes = data.len() * size_of::<T>();
-            if by_messages(reduction.ctx(), bytes) == AllreduceAlgorithm::RecursiveDoubling {
+            let choice = by_messages(reduction.ctx(), data.len(), size_of::<T>());
+            if choice == AllreduceAlgorithm::RecursiveDoubling {
                 recursive_doubling(reduction, data).await
             } else {
                 rabenseifner(reduction, data).await
@@ -99,7 +102,7 @@ fn choose<T: Element>(cx: &Ctx, op: &ReduceOp<T>, len: usize) -> AllreduceAlgori
     let automatic = if direct && op.is_commutative() {
         AllreduceAlgorithm::Direct
     } else {
-        by_messages(cx, bytes)
+        by_messages(cx, len, size_of::<T>())
     };
     match tuning.allreduce {
         Some(AllreduceAlgorithm::Ring | AllreduceAlgorithm::Direct) if !op.is_commutative() => {
@@ -110,15 +113,35 @@ fn choose<T: Element>(cx: &Ctx, op: &ReduceOp<T>, len: usize) -> AllreduceAlgori
     }
 }
 
-/// The automatic choice among the algorithms that send the data in messages.
-fn by_messages(cx: &Ctx, bytes: usize) -> AllreduceAlgorithm {
-    // Two ranks: one exchange of the whole vector. Rabenseifner's halving saves half of the
-    // combining but adds a second exchange, and measured slower at every size up to 1 MiB.
-    if bytes < cx.comm.config().collectives.allreduce_large || cx.size == 2 {
+/// The automatic choice among the algorithms that send the data in messages, for `len`
+/// elements of `elem` bytes.
+fn by_messages(cx: &Ctx, len: usize, elem: usize) -> AllreduceAlgorithm {
+    if cx.size == 2 {
+        // One exchange of the whole vector: Rabenseifner's halving saves half of the combining
+        // but adds a second exchange, and measured slower at every size up to 1 MiB — except
+        // where its halves go inline through a shared-memory ring and the whole vector does
+        // not (2 ranks pinned, 5 interleaved rounds: 36, 48 and 64 KiB in 9.6, 12.0 and
+        // 16.7 µs against 16.6, 20.7 and 29.1 by one exchange).
+        return if only_halves_inline(cx, len, elem) {
+            AllreduceAlgorithm::Rabenseifner
+        } else {
+            AllreduceAlgorithm::RecursiveDoubling
+        };
+    }
+    if len * elem < cx.comm.config().collectives.allreduce_large {
         AllreduceAlgorithm::RecursiveDoubling
     } else {
         AllreduceAlgorithm::Rabenseifner
     }
+}
+
+/// Whether, on two ranks, a reduction message of half of `len` elements goes inline through
+/// a shared-memory ring (`RANKWEAVE_SHM_INLINE`, frame header and kind byte included) and one
+/// of all of them does not. Decided from the settings alone, so both ranks agree.
+fn only_halves_inline(cx: &Ctx, len: usize, elem: usize) -> bool {
+    let inline = cx.comm.config().shm.inline_max;
+    let message = |elements: usize| wire::EAGER_HEADER_LEN + elements * elem + 1;
+    message(len) > inline && message(len.div_ceil(2)) <= inline
 }
 
 /// Whether an all-reduce of `len` elements on two ranks is one exchange (recursive doubling).

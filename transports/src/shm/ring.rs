@@ -61,6 +61,8 @@ use crate::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
 /// Bytes of a record header: stamp (`u64`), body length (`u32`), kind (`u8`), three reserved
 /// bytes.
 pub(crate) const RECORD_HEADER: usize = 16;
+/// Bytes a record may have beyond a quarter of the ring (see [`RingGeometry::max_body`]).
+pub(crate) const HEADROOM: usize = 256;
 
 /// Bytes of the stamp at the start of a record header.
 const STAMP: usize = 8;
@@ -177,10 +179,16 @@ impl RingGeometry {
             && u32::try_from(self.capacity).is_ok()
     }
 
-    /// The largest record body a producer may push: a quarter of the capacity less the header,
-    /// so a full-size record always fits once the ring has drained, whatever the wrap position.
+    /// The largest record body a producer may push: a quarter of the capacity, plus
+    /// [`HEADROOM`] (a sixty-fourth of the capacity in small rings, whole units only), less
+    /// the header. Under
+    /// half the ring, so a full-size record always fits once the ring has drained, whatever the
+    /// wrap position; and past the quarter by enough that a frame whose payload is a quarter of
+    /// the ring plus a few bytes of framing (a power-of-two vector and a collective's kind
+    /// byte, say) still goes as one record.
     pub(crate) fn max_body(&self) -> usize {
-        self.capacity / 4 - RECORD_HEADER
+        let headroom = HEADROOM.min(self.capacity / 64) / self.unit * self.unit;
+        self.capacity / 4 + headroom - RECORD_HEADER
     }
 
     /// Bytes a record with a `body`-byte body occupies.

@@ -91,6 +91,24 @@ fn send_and_check(t: &[ShmTransport], sizes: &[usize]) {
     }
 }
 
+/// With the default settings, a 32 KiB payload and a byte of framing go inline, as one record
+/// (the ring's headroom past a quarter of its capacity); a few hundred bytes more do not.
+#[tokio::test]
+async fn a_32_kib_payload_with_its_framing_goes_inline() {
+    let t = job(2, ShmConfig::default());
+    t[0].send(1, eager(0, pattern(32 * 1024 + 1, 0))).unwrap();
+    let got = payloads(collect(&t[1], &[&t[0]], 1), 0);
+    assert_eq!(got, vec![(0, Bytes::from(pattern(32 * 1024 + 1, 0)))]);
+    let c = t[0].counters();
+    assert_eq!(
+        (c.frames_sent, c.single_copy_sent, c.pipelined_sent),
+        (1, 0, 0)
+    );
+    t[0].send(1, eager(1, pattern(32 * 1024 + 300, 1))).unwrap();
+    assert_eq!(collect(&t[1], &[&t[0]], 1).len(), 1);
+    assert_eq!(t[0].counters().pipelined_sent, 1);
+}
+
 fn round_trip_sizes(single_copy: bool) {
     let t = job(2, settings(128 * 1024, single_copy));
     // Until the receiver has mapped the sender (on its first read), it has not said whether it
