@@ -6,6 +6,7 @@
 
 mod mcast;
 mod osu;
+mod placement;
 mod plot;
 mod report;
 mod run;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::osu;
 use crate::plot;
-use crate::run::{Config, Gaps, Impl, Plan, Samples};
+use crate::run::{Config, Gaps, Impl, Plan, Probes, Samples};
 
 /// Median, min and max of one size's samples.
 #[derive(Clone, Copy, Debug)]
@@ -87,11 +87,23 @@ fn size_label(size: u64) -> String {
 }
 
 /// Writes results.md, results.csv and the plots into `plan.out` (and the book's copy).
-pub fn write(plan: &Plan, samples: &Samples, gaps: &Gaps, elapsed: Duration) -> Result<(), String> {
+pub fn write(
+    plan: &Plan,
+    samples: &Samples,
+    gaps: &Gaps,
+    probes: &Probes,
+    elapsed: Duration,
+) -> Result<(), String> {
     let out = &plan.out;
     std::fs::create_dir_all(out).map_err(|e| format!("creating {}: {e}", out.display()))?;
     let plots = plot::all(plan, samples, out)?;
-    let md = markdown(plan, samples, gaps, elapsed, &plots, "");
+    let run = Run {
+        samples,
+        gaps,
+        probes,
+        elapsed,
+    };
+    let md = markdown(plan, &run, &plots, "");
     std::fs::write(out.join("results.md"), &md).map_err(|e| e.to_string())?;
     std::fs::write(out.join("results.csv"), csv(samples)).map_err(|e| e.to_string())?;
     print!("{md}");
@@ -106,7 +118,7 @@ pub fn write(plan: &Plan, samples: &Samples, gaps: &Gaps, elapsed: Duration) -> 
         for p in &plots {
             std::fs::copy(out.join(p), dir.join(p)).map_err(|e| e.to_string())?;
         }
-        let md = markdown(plan, samples, gaps, elapsed, &plots, "performance/");
+        let md = markdown(plan, &run, &plots, "performance/");
         std::fs::write(dir.join("results.md"), md).map_err(|e| e.to_string())?;
         eprintln!("updated {}", dir.display());
     }
@@ -165,14 +177,21 @@ pub fn provenance() -> String {
     )
 }
 
-fn markdown(
-    plan: &Plan,
-    samples: &Samples,
-    gaps: &Gaps,
+/// What one comparison run gathered.
+struct Run<'a> {
+    samples: &'a Samples,
+    gaps: &'a Gaps,
+    probes: &'a Probes,
     elapsed: Duration,
-    plots: &[String],
-    image_prefix: &str,
-) -> String {
+}
+
+fn markdown(plan: &Plan, run: &Run<'_>, plots: &[String], image_prefix: &str) -> String {
+    let Run {
+        samples,
+        gaps,
+        probes,
+        elapsed,
+    } = *run;
     let mut s = String::new();
     let commit = shell(
         "git",
@@ -218,7 +237,8 @@ fn markdown(
             "OSU defaults; oversubscribed: 100, warm-up 10, up to 1 KiB; 20, warm-up 2, 64 KiB to 1 MiB"
         }
     );
-    let _ = writeln!(s, "| took | {:.0?} |\n", elapsed);
+    let _ = writeln!(s, "| took | {:.0?} |", elapsed);
+    let _ = writeln!(s, "| placement probe | {} |\n", probe_summary(probes));
 
     let _ = writeln!(s, "### Summary: rankweave against the better MPI\n");
     let _ = writeln!(
@@ -284,6 +304,14 @@ fn markdown(
             if plots.contains(&plot) {
                 let _ = writeln!(s, "![{} {}]({image_prefix}{plot})\n", config.name(), bench);
             }
+            if let Some(ns) = probes.get(&(config, bench.to_string())) {
+                let each: Vec<String> = ns.iter().map(|v| format!("{v:.0}")).collect();
+                let _ = writeln!(
+                    s,
+                    "Placement probe before each round's runs: {} ns.\n",
+                    each.join(", ")
+                );
+            }
             let _ = writeln!(
                 s,
                 "| size | rankweave | MPICH | Open MPI | ratio |\n|---|---|---|---|---|"
@@ -292,6 +320,23 @@ fn markdown(
         }
     }
     s
+}
+
+/// The header line on the placement probes: their median and range over the whole run.
+fn probe_summary(probes: &Probes) -> String {
+    let all: Vec<f64> = probes.values().flatten().copied().collect();
+    match summarize(&all) {
+        Some(m) => format!(
+            "one-way hand-off of a cache line between threads pinned to CPUs 0 and 1, before each \
+             measurement's runs of a round: median {:.0} ns ({:.0}–{:.0}, {} probes); the vCPUs \
+             sit close when it is a few dozen ns, far apart at several times that",
+            m.median,
+            m.min,
+            m.max,
+            all.len()
+        ),
+        None => "not taken (two CPUs could not be pinned)".to_string(),
+    }
 }
 
 /// size → ratio, where rankweave and at least one MPI have numbers.

@@ -90,6 +90,10 @@ pub type Samples = BTreeMap<(Config, String, Impl), BTreeMap<u64, Vec<f64>>>;
 /// Why a measurement has no numbers.
 pub type Gaps = BTreeMap<(Config, String, Impl), String>;
 
+/// The placement probe taken before each round's runs of a measurement: (config, bench) → one
+/// figure per round, ns (see [`placement`](crate::placement)).
+pub type Probes = BTreeMap<(Config, String), Vec<f64>>;
+
 const RUN_TIMEOUT: Duration = Duration::from_secs(180);
 
 /// The OSU flags of each run that makes up one measurement (the rows of its runs together).
@@ -279,6 +283,7 @@ pub fn run_with_timeout(
 pub fn execute(plan: &Plan) -> Result<(), String> {
     let mut samples = Samples::new();
     let mut gaps = Gaps::new();
+    let mut probes = Probes::new();
     let started = Instant::now();
     for round in 1..=plan.rounds {
         eprintln!("round {round} of {}", plan.rounds);
@@ -288,6 +293,9 @@ pub fn execute(plan: &Plan) -> Result<(), String> {
                 // Point-to-point benchmarks are between two ranks: the shm configuration has them.
                 if config == Config::Oversubscribed && osu::is_pt2pt(bench) {
                     continue;
+                }
+                if let Some(ns) = crate::placement::probe() {
+                    probes.entry((config, bench.clone())).or_default().push(ns);
                 }
                 for &imp in &plan.impls {
                     let key = (config, bench.clone(), imp);
@@ -316,7 +324,7 @@ pub fn execute(plan: &Plan) -> Result<(), String> {
         }
     }
     let elapsed = started.elapsed();
-    crate::report::write(plan, &samples, &gaps, elapsed)
+    crate::report::write(plan, &samples, &gaps, &probes, elapsed)
 }
 
 #[cfg(test)]
