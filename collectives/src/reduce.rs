@@ -143,6 +143,8 @@ async fn tree<T: Element>(
     }
 }
 
+/// Bytes the kind takes at the end of every reduction message.
+pub(crate) const KIND_LEN: usize = 1;
 /// Kind byte of a message carrying elements.
 const DATA: u8 = 0;
 /// Kind byte of a message announcing that the collective failed.

@@ -82,6 +82,14 @@ pub fn copy_slice<T: bytemuck::Pod>(dst: &mut [T], src: &[T]) {
     }
 }
 
+/// Copies as much of `src` as fits to the start of `dst`; returns how many bytes that was.
+#[inline]
+pub fn copy_prefix(dst: &mut [u8], src: &[u8]) -> usize {
+    let n = src.len().min(dst.len());
+    copy_slice(&mut dst[..n], &src[..n]);
+    n
+}
+
 /// Appends `src` to `buf` (as `Vec::extend_from_slice`).
 #[inline]
 pub fn extend_bytes(buf: &mut Vec<u8>, src: &[u8]) {

@@ -46,7 +46,7 @@ use rankweave_core::{Error, byte_copy, wire};
 mod direct;
 
 use crate::ctx::{Ctx, powers_of_two_below};
-use crate::reduce::{Reduction, Side, Theirs, block, even_bounds};
+use crate::reduce::{KIND_LEN, Reduction, Side, Theirs, block, even_bounds};
 use crate::{CollectiveOp, Element, ReduceOp};
 use direct::Outcome;
 
@@ -140,7 +140,7 @@ fn by_messages(cx: &Ctx, len: usize, elem: usize) -> AllreduceAlgorithm {
 /// of all of them does not. Decided from the settings alone, so both ranks agree.
 fn only_halves_inline(cx: &Ctx, len: usize, elem: usize) -> bool {
     let inline = cx.comm.config().shm.inline_max;
-    let message = |elements: usize| wire::EAGER_HEADER_LEN + elements * elem + 1;
+    let message = |elements: usize| wire::EAGER_HEADER_LEN + elements * elem + KIND_LEN;
     message(len) > inline && message(len.div_ceil(2)) <= inline
 }
 

@@ -278,8 +278,7 @@ impl Future for RecvIntoOp<'_> {
             return Pin::new(&mut this.op).poll(cx).map(|r| {
                 let msg = r?;
                 // The engine refused longer messages (Truncated), so this always fits.
-                let n = msg.data.len().min(buf.len());
-                crate::byte_copy::copy_slice(&mut buf[..n], &msg.data[..n]);
+                crate::byte_copy::copy_prefix(buf, &msg.data);
                 Ok(msg.status())
             });
         };

@@ -448,8 +448,7 @@ impl Driver {
         if let Some(r) = st.endpoint.take_recv(id) {
             return Some(r.map(|m| {
                 // The engine refused longer messages (`Truncated`), so it fits.
-                let n = m.data.len().min(buf.len());
-                crate::byte_copy::copy_slice(&mut buf[..n], &m.data[..n]);
+                crate::byte_copy::copy_prefix(buf, &m.data);
                 (m.source, m.tag, m.data.len())
             }));
         }
