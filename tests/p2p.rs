@@ -285,6 +285,36 @@ async fn truncated_message_stays_first_in_line() {
     .await
 }
 
+/// A borrowed slice is sent as it stood at the call, eager or rendezvous: the caller may
+/// overwrite its buffer as soon as `send` returns, before the send's future is awaited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_borrowed_slice_is_sent_as_it_was_at_the_call() {
+    within(async {
+        rankweave::local(2, |comm| async move {
+            // Within and past the eager limit (64 KiB by default).
+            let sizes = [0usize, 1, 1000, 200_000];
+            if comm.rank() == 0 {
+                for (i, &n) in sizes.iter().enumerate() {
+                    let mut buf: Vec<u16> = (0..n).map(|k| (k * 7 + i) as u16).collect();
+                    let send = comm.send(1, 5, &buf[..]);
+                    buf.iter_mut().for_each(|v| *v = 0xFFFF);
+                    send.await.unwrap();
+                }
+                return;
+            }
+            for (i, &n) in sizes.iter().enumerate() {
+                let m = comm.recv(0, 5).await.unwrap();
+                let got: Vec<u16> = m.to_vec().unwrap();
+                let want: Vec<u16> = (0..n).map(|k| (k * 7 + i) as u16).collect();
+                assert_eq!(got, want, "{n} elements");
+            }
+        })
+        .await
+        .unwrap();
+    })
+    .await
+}
+
 /// `recv_into` works with any `Pod` element type, and truncation is measured in bytes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn recv_into_u32_buffer() {

@@ -18,6 +18,7 @@ use rankweave_core::{Communicator, Error};
 
 use crate::CollectiveOp;
 use crate::ctx::Ctx;
+use crate::tree::modular_add;
 
 /// The algorithm for `comm` (of more than 2 ranks).
 pub(crate) fn choose(comm: &Communicator) -> BarrierAlgorithm {
@@ -34,8 +35,8 @@ pub(crate) async fn dissemination(cx: Ctx) -> Result<(), Error> {
     let mut step = 1;
     while step < n {
         // Each round hears from a different rank, so one tag serves every round.
-        let from = (me + n - step) % n;
-        let to = (me + step) % n;
+        let from = modular_add(me, n - step, n);
+        let to = modular_add(me, step, n);
         let recv = cx.comm.collective_recv(from, cx.tag);
         cx.send(to, Bytes::new()).await?;
         recv.await?;

@@ -159,11 +159,21 @@ pub(crate) fn pod_vec_from_bytes<T: bytemuck::Pod>(data: &[u8]) -> Result<Vec<T>
 
 /// Anything that can be sent: turned into [`Bytes`] without a copy where possible.
 ///
-/// Implemented for `Bytes`, `BytesMut`, `Vec<u8>`, `&'static str`, and — with one copy — for slices
-/// and arrays of any [`bytemuck::Pod`] type (`&[f64]`, `&[u32; 4]`, …).
+/// Implemented for `Bytes`, `BytesMut`, `Vec<u8>`, `&'static str`, and for slices and arrays of
+/// any [`bytemuck::Pod`] type (`&[f64]`, `&[u32; 4]`, …). A borrowed slice is read in place when
+/// the send goes out at once (an eager message the transport takes now: copied once, straight
+/// into the transport, as `MPI_Send` copies from the caller's buffer); otherwise it is copied
+/// into a buffer of its own. An owned buffer (`Bytes`, `Vec<u8>`) is handed over without a
+/// copy, which is what a large message wants.
 pub trait Payload {
     /// Converts into the bytes that go on the wire.
     fn into_bytes(self) -> Bytes;
+
+    /// The bytes, if they can be read in place for the duration of the call that sends them
+    /// (a borrowed slice). `None` (the default) sends [`into_bytes`](Self::into_bytes).
+    fn borrowed(&self) -> Option<&[u8]> {
+        None
+    }
 }
 
 impl Payload for Bytes {
@@ -194,16 +204,28 @@ impl<T: bytemuck::Pod> Payload for &[T] {
     fn into_bytes(self) -> Bytes {
         crate::byte_copy::bytes_from(bytemuck::cast_slice(self))
     }
+
+    fn borrowed(&self) -> Option<&[u8]> {
+        Some(bytemuck::cast_slice(self))
+    }
 }
 
 impl<T: bytemuck::Pod, const N: usize> Payload for &[T; N] {
     fn into_bytes(self) -> Bytes {
         crate::byte_copy::bytes_from(bytemuck::cast_slice(self.as_slice()))
     }
+
+    fn borrowed(&self) -> Option<&[u8]> {
+        Some(bytemuck::cast_slice(self.as_slice()))
+    }
 }
 
 impl<T: bytemuck::Pod> Payload for &Vec<T> {
     fn into_bytes(self) -> Bytes {
         crate::byte_copy::bytes_from(bytemuck::cast_slice(self.as_slice()))
+    }
+
+    fn borrowed(&self) -> Option<&[u8]> {
+        Some(bytemuck::cast_slice(self.as_slice()))
     }
 }

@@ -336,7 +336,14 @@ impl Communicator {
     /// The send starts now; the future resolves when the payload has been handed off (at once
     /// for eager messages; after the receiver matched it for rendezvous ones). Dropping the
     /// future does **not** cancel the send: it completes in the background.
+    ///
+    /// A borrowed slice (`&buf[..]`) is copied straight into the transport when the send goes
+    /// out at once, with no buffer of its own (see [`Payload`]).
     pub fn send(&self, dst: usize, tag: u32, payload: impl Payload) -> SendOp {
+        if let Some(bytes) = payload.borrowed() {
+            let parts = [bytes];
+            return self.send_on(self.inner.context, dst, tag, SendData::Parts(&parts), true);
+        }
         let data = SendData::Bytes(payload.into_bytes());
         self.send_on(self.inner.context, dst, tag, data, true)
     }
@@ -390,7 +397,7 @@ impl Communicator {
     /// A message longer than `buf` fails with [`Error::Truncated`] and is not consumed: it stays
     /// first in line for the next matching receive. Posted now, like [`recv`](Self::recv).
     pub fn recv_into<'a, T: bytemuck::Pod>(
-        &self,
+        &'a self,
         source: impl Into<Source>,
         tag: impl Into<Tag>,
         buf: &'a mut [T],
@@ -403,9 +410,9 @@ impl Communicator {
                     .inner
                     .driver
                     .with(|st| st.endpoint.start_recv(sel, Some(cap)));
-                RecvIntoOp::new(RecvOp::started(self.clone(), start), bytes)
+                RecvIntoOp::started(self, start, bytes)
             }
-            Err(e) => RecvIntoOp::new(RecvOp::failed(self.clone(), e), bytes),
+            Err(e) => RecvIntoOp::failed(self, e, bytes),
         }
     }
 
