@@ -87,6 +87,10 @@ pub struct ShmCounters {
     pub single_copy_sent: u64,
     /// Frames too large for one record sent in pieces through the ring (no single copy).
     pub pipelined_sent: u64,
+    /// Single-copy payloads this rank read straight into a receive's own buffer (a large
+    /// message received with `recv_into`), rather than into a buffer of the transport's and
+    /// then copied there.
+    pub read_into_receive: u64,
     /// Payload bytes of this rank's single-copy sends that it wrote into the receiver's
     /// buffer itself (`process_vm_writev`) while the receiver read the rest: the split copy.
     pub split_bytes_written: u64,

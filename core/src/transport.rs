@@ -160,7 +160,8 @@ pub trait Transport: Send + Sync + 'static {
     /// With `into` (a receive into the caller's buffer, at least `want.max_len` bytes long) the
     /// payload is copied there, at its start, and [`EagerTaken::data`] stays empty: the message
     /// is copied once, from the transport to where the application wants it, with no buffer
-    /// allocated for it on the way.
+    /// allocated for it on the way; a transport that holds a large eager message by reference
+    /// to the sender's memory reads it straight there (shared memory's single copy).
     fn take_eager(&self, want: &EagerWant, into: Option<&mut [u8]>) -> Option<EagerTaken> {
         let _ = (want, into);
         None

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use super::cma;
 use super::host::ProcessWatch;
 use super::record::{self, Record};
-use super::ring::{Popped, RingConsumer};
+use super::ring::{Popped, RingConsumer, RingControl};
 use super::segment::Segment;
 use super::split_copy::{self, SplitSlot};
 use rankweave_core::buffer_pool::{BufferPool, SmallCopies};
@@ -214,22 +214,23 @@ impl Inbound {
     /// describes (envelope decoded where it lies, payload copied out): the short cut of a
     /// receive waiting for this sender (see `Transport::take_eager`). Anything else — an empty
     /// ring, another kind of record, a frame that does not decode or is another message — is
-    /// left for [`read`](Self::read), which handles and counts it. Returns the message, and
-    /// whether the producer waits for space (and must be signalled).
+    /// left for [`read`](Self::read), which handles and counts it.
     pub(crate) fn take_eager(
         &mut self,
         own: &Segment,
         want: &EagerWant,
         into: Option<&mut [u8]>,
-    ) -> (Option<EagerTaken>, bool) {
+    ) -> Direct {
         if self.stream.said_bye || self.stream.broken {
-            return (None, false);
+            return Direct::default();
         }
         let Some((control, data)) = own.ring(self.stream.sender) else {
-            return (None, false);
+            return Direct::default();
         };
+        let mut single_copy_next = false;
         let popped = self.consumer.pop_if(&data, |kind, body| {
             if kind != record::FRAME {
+                single_copy_next = kind == record::SINGLE_COPY;
                 return None;
             }
             let (envelope, payload) = wire::decode_eager(body)?;
@@ -252,14 +253,107 @@ impl Inbound {
                 data,
             })
         });
+        self.direct(control, popped, single_copy_next)
+    }
+
+    /// Takes the next record if it is a single-copy frame holding the eager message `want`
+    /// describes, and reads its payload from the sender's memory straight into `dst` (shared with the sender for long
+    /// ones, as [`read`](Self::read) does): a large message received into the caller's buffer
+    /// is copied once, not read into a buffer of the transport's and copied again. Anything
+    /// else, or a read that fails, is left for [`read`](Self::read).
+    pub(crate) fn take_single_copy(
+        &mut self,
+        own: &Segment,
+        want: &EagerWant,
+        dst: &mut [u8],
+        read: &ReadInto<'_>,
+    ) -> Direct {
+        if self.stream.said_bye || self.stream.broken {
+            return Direct::default();
+        }
+        let Some((control, data)) = own.ring(self.stream.sender) else {
+            return Direct::default();
+        };
+        let mut token_read = None;
+        let popped = self.consumer.pop_if(&data, |kind, body| {
+            let Some(Record::SingleCopy {
+                token,
+                addr,
+                len,
+                header,
+            }) = record::parse(kind, body)
+            else {
+                return None;
+            };
+            let envelope = match wire::decode_header(header) {
+                Ok((Header::Eager(envelope), declared, used))
+                    if declared == len && used == header.len() =>
+                {
+                    envelope
+                }
+                _ => return None,
+            };
+            let len = usize::try_from(len).ok()?;
+            // A destination 1–63 bytes past the source modulo a page would make the kernel's
+            // copy crawl (see `rankweave_core::byte_copy`): that one is left for `read`, which
+            // reads into a buffer lined up with the source.
+            if !want.accepts(&envelope, len)
+                || len > dst.len()
+                || byte_copy::is_slow_copy(dst.as_ptr(), addr, len)
+            {
+                return None;
+            }
+            read_payload_to(read, token, addr, &mut dst[..len]).ok()?;
+            token_read = Some(token.saturating_add(1));
+            Some(EagerTaken {
+                tag: envelope.tag,
+                len,
+                data: Bytes::new(),
+            })
+        });
+        if let Some(n) = token_read {
+            self.stream.tokens_read = self.stream.tokens_read.max(n);
+        }
+        let mut direct = self.direct(control, popped, false);
+        direct.tokens_read = token_read.map(|_| self.stream.tokens_read);
+        direct
+    }
+
+    /// What a direct take came to; the space of what it consumed goes back to the producer.
+    fn direct(
+        &mut self,
+        control: &RingControl,
+        popped: Popped<Option<EagerTaken>>,
+        single_copy_next: bool,
+    ) -> Direct {
         let taken = match popped {
             Popped::Record(Some(taken)) => Some(taken),
             Popped::Record(None) | Popped::Empty | Popped::Corrupt => None,
         };
-        // Padding before the record was consumed whatever came of it: its space goes back to
-        // the producer now, not at the next read (which might be long in coming).
-        (taken, self.consumer.release(control))
+        Direct {
+            taken,
+            // Padding before the record was consumed whatever came of it: its space goes back
+            // to the producer now, not at the next read (which might be long in coming).
+            producer_waits: self.consumer.release(control),
+            single_copy_next,
+            tokens_read: None,
+        }
     }
+}
+
+/// What [`Inbound::take_eager`] or [`Inbound::take_single_copy`] did.
+#[derive(Debug, Default)]
+pub(crate) struct Direct {
+    /// The message taken, if it was the one wanted.
+    pub(crate) taken: Option<EagerTaken>,
+    /// The producer waits for space and must be signalled.
+    pub(crate) producer_waits: bool,
+    /// Nothing was taken and the next record is a single-copy frame, which
+    /// [`Inbound::take_single_copy`] may take.
+    pub(crate) single_copy_next: bool,
+    /// The sender's single-copy payloads read so far, when this take read one (to publish
+    /// for the sender, as after [`Inbound::read`]).
+    pub(crate) tokens_read: Option<u64>,
 }
 
 impl Stream {
@@ -386,8 +480,7 @@ impl Stream {
 }
 
 /// Reads a single-copy payload of `len` bytes at `addr` of the sender into `buf`'s spare
-/// capacity and extends `buf` by it: shared with the sender where the pair has a split-copy
-/// slot and the payload is long enough (see `split_copy`), else in one read.
+/// capacity and extends `buf` by it (see [`read_payload_raw`]).
 fn read_payload(
     into: &ReadInto<'_>,
     token: u64,
@@ -395,18 +488,54 @@ fn read_payload(
     len: usize,
     buf: &mut Vec<u8>,
 ) -> Result<(), String> {
-    let pid = into.sender_pid;
-    let Some(slot) = into
-        .split
-        .filter(|_| len as u64 >= split_copy::SPLIT_MIN && (into.sender_free)())
-    else {
-        return cma::read_into(pid, addr, len, buf);
-    };
     if buf.capacity() - buf.len() < len {
         return Err("receive buffer too small".into());
     }
     // SAFETY: within the spare capacity (checked above).
     let dst = unsafe { buf.as_mut_ptr().add(buf.len()) };
+    // SAFETY: `dst..dst + len` is spare capacity of `buf`: writable, and nothing else refers
+    // to it while `buf` is borrowed here.
+    unsafe { read_payload_raw(into, token, addr, dst, len)? };
+    // SAFETY: every byte after the old length was written, by a read here or by the sender.
+    unsafe { buf.set_len(buf.len() + len) };
+    Ok(())
+}
+
+/// Reads the single-copy payload of `dst.len()` bytes at `addr` of the sender into `dst` (see
+/// [`read_payload_raw`]).
+fn read_payload_to(
+    into: &ReadInto<'_>,
+    token: u64,
+    addr: u64,
+    dst: &mut [u8],
+) -> Result<(), String> {
+    // SAFETY: an exclusively borrowed slice: writable for its length, and nothing else
+    // accesses it until this returns.
+    unsafe { read_payload_raw(into, token, addr, dst.as_mut_ptr(), dst.len()) }
+}
+
+/// Reads a single-copy payload of `len` bytes at `addr` of the sender to `dst`: shared with
+/// the sender where the pair has a split-copy slot and the payload is long enough (see
+/// `split_copy`), else in one read.
+///
+/// # Safety
+///
+/// `dst` is writable for `len` bytes, and nothing else reads or writes them until this returns.
+unsafe fn read_payload_raw(
+    into: &ReadInto<'_>,
+    token: u64,
+    addr: u64,
+    dst: *mut u8,
+    len: usize,
+) -> Result<(), String> {
+    let pid = into.sender_pid;
+    let Some(slot) = into
+        .split
+        .filter(|_| len as u64 >= split_copy::SPLIT_MIN && (into.sender_free)())
+    else {
+        // SAFETY: the caller's promise.
+        return unsafe { cma::read_raw(pid, addr, dst, len) };
+    };
     // From here until the offer is finished, the sender may write any chunk it claims to
     // `dst`: nothing here touches those bytes but the reads of the chunks this side claims.
     let offer = slot.offer(token, dst as u64, len as u64);
@@ -414,7 +543,7 @@ fn read_payload(
         (into.wake_sender)();
     }
     slot.read_chunks(offer.tag, |c| {
-        // SAFETY: the chunk lies within `dst..dst + len`, spare capacity of `buf`, and was
+        // SAFETY: the chunk lies within `dst..dst + len` (the caller's writable bytes) and was
         // claimed by this side alone: the sender writes only the chunks it claimed.
         unsafe {
             cma::read_raw(
@@ -429,11 +558,9 @@ fn read_payload(
     wait_for_sender(slot, offer, into)?;
     if slot.failed() {
         // The sender still holds the payload (its token is not counted read yet).
-        // SAFETY: `dst..dst + len` is spare capacity of `buf`, and no chunk is out any more.
+        // SAFETY: `dst..dst + len` is the caller's, and no chunk is out any more.
         unsafe { cma::read_raw(pid, addr, dst, len)? };
     }
-    // SAFETY: every byte after the old length was written, by a read here or by the sender.
-    unsafe { buf.set_len(buf.len() + len) };
     Ok(())
 }
 

@@ -138,6 +138,8 @@ struct InboundSet {
     frames_received: u64,
     bytes_received: u64,
     malformed_dropped: u64,
+    /// Single-copy payloads read straight into a receive's buffer.
+    read_into_receive: u64,
 }
 
 /// The progress task's parking state.
@@ -474,6 +476,7 @@ impl ShmRank {
             s.frames_received = inbound.frames_received;
             s.bytes_received = inbound.bytes_received;
             s.malformed_dropped = inbound.malformed_dropped;
+            s.read_into_receive = inbound.read_into_receive;
         }
         s.signals_sent = get(&c.signals_sent);
         s.wakeups_missed = get(&c.wakeups_missed);
@@ -806,33 +809,9 @@ impl ShmRank {
             // A sender may have written its last records and exited (or closed) before this
             // rank ever looked: what it left is read even when it can no longer be mapped.
             let peer = self.peer(ring.sender()).ok();
-            let wake_sender = || {
-                if let Some(p) = &peer {
-                    self.nudge(p);
-                }
-            };
-            // Asked only for payloads long enough to split: nothing here on the path of a
-            // small message.
-            let sender_free = || {
-                peer.as_ref().is_some_and(|p| {
-                    self.can_write_to_me(p) && p.out.try_lock().is_some_and(|o| !o.holds_payloads())
-                })
-            };
-            let into = ReadInto {
-                wake_sender: &wake_sender,
-                sender_free: &sender_free,
-                sender_pid: peer.as_ref().map_or(0, |p| p.pid),
-                split: (peer.is_some() && !discard && self.settings.split_copy)
-                    .then(|| self.own.split_slot(ring.sender()))
-                    .flatten(),
-                sender_watch: peer
-                    .as_ref()
-                    .and_then(|p| p.watch.as_ref())
-                    .map(|w| w.get_ref()),
-                pool: &self.pool,
-                discard,
-            };
-            let outcome = ring.read(&self.own, &into, READ_BUDGET, out);
+            let outcome = self.with_read_into(ring.sender(), peer, discard, |into| {
+                ring.read(&self.own, into, READ_BUDGET, out)
+            });
             if let (Some(n), Some(info)) = (outcome.tokens_read, self.own.pair_info(ring.sender()))
             {
                 // After the reads: the sender may reuse the memory once it sees this. No
@@ -865,6 +844,41 @@ impl ShmRank {
         inbound.frames_received += (out.len() - before) as u64;
         out.extend(lost.into_iter().map(|rank| Arrival::PeerLost { rank }));
         out.len() - before
+    }
+
+    /// Runs `f` with where the ring from `sender` (whose peer is `peer`, if it can still be
+    /// mapped) is read into: its sender's process, its split-copy slot and the pool.
+    fn with_read_into<R>(
+        &self,
+        sender: u32,
+        peer: Option<&Arc<Peer>>,
+        discard: bool,
+        f: impl FnOnce(&ReadInto<'_>) -> R,
+    ) -> R {
+        let wake_sender = || {
+            if let Some(p) = peer {
+                self.nudge(p);
+            }
+        };
+        // Asked only for payloads long enough to split: nothing here on the path of a small
+        // message.
+        let sender_free = || {
+            peer.is_some_and(|p| {
+                self.can_write_to_me(p) && p.out.try_lock().is_some_and(|o| !o.holds_payloads())
+            })
+        };
+        let into = ReadInto {
+            wake_sender: &wake_sender,
+            sender_free: &sender_free,
+            sender_pid: peer.map_or(0, |p| p.pid),
+            split: (peer.is_some() && !discard && self.settings.split_copy)
+                .then(|| self.own.split_slot(sender))
+                .flatten(),
+            sender_watch: peer.and_then(|p| p.watch.as_ref()).map(|w| w.get_ref()),
+            pool: &self.pool,
+            discard,
+        };
+        f(&into)
     }
 
     /// Starts reading the rings of senders that registered since the last look.
@@ -1078,7 +1092,7 @@ impl Transport for ShmRank {
         Ok(n)
     }
 
-    fn take_eager(&self, want: &EagerWant, into: Option<&mut [u8]>) -> Option<EagerTaken> {
+    fn take_eager(&self, want: &EagerWant, mut into: Option<&mut [u8]>) -> Option<EagerTaken> {
         if self.closed.load(Ordering::Acquire) {
             return None;
         }
@@ -1088,18 +1102,35 @@ impl Transport for ShmRank {
             self.add_senders(&mut inbound);
         }
         let ring = inbound.rings.iter_mut().find(|r| r.sender() == want.from)?;
-        let (taken, producer_waits) = ring.take_eager(&self.own, want, into);
-        if let Some(t) = &taken {
+        let mut direct = ring.take_eager(&self.own, want, into.as_deref_mut());
+        let mut peer = self.peer_if_connected(want.from);
+        if let (true, Some(dst)) = (direct.single_copy_next, into) {
+            // Its reader needs the sender mapped (as `read_rings` maps it).
+            peer = self.peer(want.from).ok();
+            // A large message, to be read from the sender's memory: straight into the
+            // receive's buffer.
+            let single = self.with_read_into(ring.sender(), peer, false, |read| {
+                ring.take_single_copy(&self.own, want, dst, read)
+            });
+            if let (Some(n), Some(info)) = (single.tokens_read, self.own.pair_info(want.from)) {
+                // After the read: the sender may reuse the memory once it sees this.
+                info.tokens_read.store(n, Ordering::Release);
+            }
+            direct.producer_waits |= single.producer_waits;
+            direct.taken = single.taken;
+            inbound.read_into_receive += u64::from(direct.taken.is_some());
+        }
+        if let Some(t) = &direct.taken {
             inbound.frames_received += 1;
             inbound.bytes_received += t.len as u64;
         }
         drop(inbound);
-        if producer_waits {
-            if let Some(peer) = self.peer_if_connected(want.from) {
+        if direct.producer_waits {
+            if let Some(peer) = peer {
                 self.nudge(peer);
             }
         }
-        taken
+        direct.taken
     }
 
     fn poll_arrival(&self, cx: &mut Context<'_>) -> Poll<()> {

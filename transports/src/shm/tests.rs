@@ -613,7 +613,7 @@ async fn an_eager_frame_is_taken_in_place_only_if_wanted_and_the_rest_left_for_d
         Some(EagerTaken {
             tag: 9,
             len: 100,
-            data: pattern(100, 0).into()
+            data: pattern(100, 0).into(),
         })
     );
     // Frames that are not the wanted message stay first in line: another sequence number,
@@ -645,7 +645,7 @@ async fn an_eager_frame_is_taken_in_place_only_if_wanted_and_the_rest_left_for_d
         Some(EagerTaken {
             tag: 9,
             len: 100,
-            data: Bytes::new()
+            data: Bytes::new(),
         })
     );
     assert_eq!(buf, pattern(100, 1));
@@ -828,6 +828,98 @@ async fn a_receive_into_a_buffer_gets_its_message_from_the_ring() {
         comms[1].recv(0, 7).await.unwrap().data()[..],
         pattern(100, 5)
     );
+}
+
+/// A large eager message received into a buffer is read from the sender's memory straight
+/// there (the copy shared with the sender from 64 KiB), waiting first or already announced,
+/// with no buffer of the transport's and no second copy. A buffer lying where the kernel's copy would crawl
+/// (1–63 bytes past the source modulo a page) is read lined up and copied, as a `recv` is; a
+/// message longer than the buffer is refused and kept. (On one thread, so the progress task
+/// does not take the messages in before the receive looks.)
+#[tokio::test]
+async fn a_large_message_received_into_a_buffer_is_read_straight_there() {
+    use std::future::Future;
+    use std::pin::pin;
+    use std::task::{Context, Waker};
+    let config = Config {
+        shm: ShmConfig {
+            pipeline_max: 0,
+            adaptive: false,
+            ..ShmConfig::default()
+        },
+        ..Config::default()
+    };
+    let comms = world(2, &config).unwrap();
+    // Connected both ways, so the receiver may read the sender's memory.
+    comms[0].send(1, 1, vec![0u8]).await.unwrap();
+    comms[1].recv(0, 1).await.unwrap();
+    comms[1].send(0, 1, vec![0u8]).await.unwrap();
+    comms[0].recv(1, 1).await.unwrap();
+    let direct = || comms[1].stats().transport.shm.read_into_receive;
+    // A slice of `room` whose address is `distance` bytes past `src`'s modulo a page.
+    fn placed(room: &mut [u8], src: &[u8], distance: usize, len: usize) -> std::ops::Range<usize> {
+        let base = room.as_ptr() as usize;
+        let at = (src.as_ptr() as usize + distance).wrapping_sub(base) % 4096;
+        at..at + len
+    }
+    let mut room = vec![0u8; 65_536 + 8192];
+    for (i, len) in [40_000usize, 65_536].into_iter().enumerate() {
+        let data = Bytes::from(pattern(len, i as u64));
+        // Waiting first.
+        let before = direct();
+        let range = placed(&mut room, &data, 0, len);
+        {
+            let mut waiting = pin!(comms[1].recv_into(0, 7, &mut room[range.clone()]));
+            let mut cx = Context::from_waker(Waker::noop());
+            assert!(waiting.as_mut().poll(&mut cx).is_pending());
+            let send = comms[0].send(1, 7, data.clone());
+            assert_eq!(waiting.await.unwrap().len, len);
+            send.await.unwrap();
+        }
+        assert!(room[range.clone()] == data[..], "{len} B, waiting first");
+        assert_eq!(
+            direct(),
+            before + 1,
+            "{len} B read straight into the buffer"
+        );
+        // Announced before the receive is posted.
+        room.fill(0);
+        let send = comms[0].send(1, 7, data.clone());
+        assert_eq!(
+            comms[1]
+                .recv_into(0, 7, &mut room[range.clone()])
+                .await
+                .unwrap()
+                .len,
+            len
+        );
+        send.await.unwrap();
+        assert!(room[range.clone()] == data[..], "{len} B, announced first");
+        assert_eq!(direct(), before + 2);
+        // Where the kernel's copy would crawl: the usual way.
+        room.fill(0);
+        let slow = placed(&mut room, &data, 8, len);
+        let send = comms[0].send(1, 7, data.clone());
+        assert_eq!(
+            comms[1]
+                .recv_into(0, 7, &mut room[slow.clone()])
+                .await
+                .unwrap()
+                .len,
+            len
+        );
+        send.await.unwrap();
+        assert!(room[slow] == data[..], "{len} B, lined up elsewhere");
+        assert_eq!(direct(), before + 2, "not read into a crawling destination");
+        // Too long for the buffer: refused, and still there.
+        let send = comms[0].send(1, 7, data.clone());
+        assert!(matches!(
+            comms[1].recv_into(0, 7, &mut room[..len - 1]).await,
+            Err(Error::Truncated { .. })
+        ));
+        assert!(comms[1].recv(0, 7).await.unwrap().data()[..] == data[..]);
+        send.await.unwrap();
+    }
 }
 
 /// Parked receives of a window of large messages (rendezvous, then single copy), published
