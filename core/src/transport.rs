@@ -80,6 +80,19 @@ impl EagerWant {
     }
 }
 
+/// The data a rendezvous receive waits for once its sender's request was matched, which a
+/// transport may read straight into the receive's buffer (see [`Transport::take_data`]): all
+/// of it, in the next frame from `from`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DataWant {
+    /// The sender's world rank.
+    pub from: u32,
+    /// The receive the data is for, as the data frames name it (`Header::Data::recv_id`).
+    pub recv_id: u64,
+    /// The message's length in bytes.
+    pub len: usize,
+}
+
 /// An eager message a transport handed over in place (see [`Transport::take_eager`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EagerTaken {
@@ -165,6 +178,18 @@ pub trait Transport: Send + Sync + 'static {
     fn take_eager(&self, want: &EagerWant, into: Option<&mut [u8]>) -> Option<EagerTaken> {
         let _ = (want, into);
         None
+    }
+
+    /// Takes the next frame from `want.from` if it is all of receive `want.recv_id`'s data (one
+    /// data frame at offset 0, `want.len` bytes) and this transport can put its payload
+    /// straight into `into` (at least `want.len` bytes long) — shared memory reading it from
+    /// the sender's memory — and returns whether it did. Anything else is left for
+    /// [`drain`](Self::drain), as with [`take_eager`](Self::take_eager). The rendezvous
+    /// counterpart of `take_eager`'s `into`: a large message received into the caller's buffer
+    /// is copied once, not into a buffer of the transport's first. The default takes nothing.
+    fn take_data(&self, want: &DataWant, into: &mut [u8]) -> bool {
+        let _ = (want, into);
+        false
     }
 
     /// A poller has started busy-polling this rank: the transport may skip waking the parked

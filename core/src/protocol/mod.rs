@@ -42,7 +42,7 @@ use crate::matching::{
     ArriveOutcome, MatchKey, Matcher, PostOutcome, PostedKey, Selector, Unexpected,
 };
 use crate::stats::Stats;
-use crate::transport::{Arrival, EagerTaken, EagerWant};
+use crate::transport::{Arrival, DataWant, EagerTaken, EagerWant};
 use crate::types::ContextId;
 
 use lone::{LoneIds, LoneRecv};
@@ -746,6 +746,49 @@ impl Endpoint {
             data: taken.data,
         };
         Matched { received, seq, key }
+    }
+
+    /// What receive `public` may take straight from the transport once it matched a request to
+    /// send and none of its data has come: all of it, in one data frame from its sender (see
+    /// [`Transport::take_data`](crate::transport::Transport::take_data)).
+    pub fn data_want(&self, public: RecvId) -> Option<DataWant> {
+        if self.lone.is_some_and(|l| l.id == public) {
+            return None;
+        }
+        let op = self.recvs.get(self.lone_ids.op_id(public).0)?;
+        match &op.state {
+            RecvState::Receiving { key, data, .. }
+                if !op.orphaned && data.received() == 0 && !data.is_empty() =>
+            {
+                Some(DataWant {
+                    from: key.source,
+                    recv_id: self.lone_ids.op_id(public).0,
+                    len: data.len(),
+                })
+            }
+            _ => None,
+        }
+    }
+
+    /// Receive `public` took all its data, as [`data_want`](Self::data_want) described it as
+    /// `want`, straight from the transport into its caller's buffer: it is finished, as if the
+    /// data frame had gone through [`handle`](Self::handle) and
+    /// [`take_matched`](Self::take_matched). Returns its sender, tag and length. Nothing may
+    /// have changed the endpoint between the two calls (the driver holds its lock).
+    pub fn take_data_direct(
+        &mut self,
+        public: RecvId,
+        want: &DataWant,
+    ) -> Option<(u32, u32, usize)> {
+        let id = self.lone_ids.op_id(public);
+        let RecvState::Receiving { key, .. } = self.recvs.get(id.0)?.state else {
+            return None;
+        };
+        self.recvs.remove(id.0);
+        self.lone_ids.forget(public);
+        self.stats.frames_received += 1;
+        self.stats.bytes_received += want.len as u64;
+        Some((key.source, key.tag, want.len))
     }
 
     /// [`direct_want`](Self::direct_want) and [`take_direct`](Self::take_direct) for a frame

@@ -1791,3 +1791,52 @@ fn a_lone_receive_too_small_declines_in_place_and_fails_when_handled() {
     net.take_sends(0);
     assert_eq!(net.take(1, r), ok(0, 2, &big));
 }
+
+/// A rendezvous receive whose request to send was matched may take all its data straight from
+/// the transport (`data_want` / `take_data_direct`): it names the one data frame its sender
+/// sends, and taking that frame's payload finishes the receive as the frame would have, with
+/// no completion event. A receive still posted is not offered, nor one whose data has begun
+/// to arrive in pieces.
+#[test]
+fn a_matched_rendezvous_receive_takes_its_whole_data_in_place() {
+    let mut net = Net::with(2, 1024, 1 << 20, usize::MAX);
+    let r = net.recv(1, Some(0), Some(7), Some(4096));
+    assert_eq!(net.ep(1).data_want(r), None, "nothing matched yet");
+    let data = pattern(3000, 4);
+    assert!(matches!(net.send(0, 1, 7, &data), SendStart::Pending(_)));
+    assert!(matches!(net.deliver(0, 1), Header::Rts { .. }));
+    assert!(matches!(net.deliver(1, 0), Header::Cts { .. }));
+    let want = net.ep(1).data_want(r).expect("matched, no data yet");
+    assert_eq!((want.from, want.len), (0, 3000));
+    let frame = net.links.get_mut(&(0, 1)).unwrap().pop_front().unwrap();
+    assert_eq!(
+        (frame.header, frame.payload.len()),
+        (
+            Header::Data {
+                recv_id: want.recv_id,
+                offset: 0
+            },
+            3000
+        ),
+        "the frame it names"
+    );
+    assert_eq!(net.ep(1).take_data_direct(r, &want), Some((0, 7, 3000)));
+    net.flush(1);
+    assert_eq!(net.events(1), vec![], "the caller has the result");
+    assert_eq!(net.take(1, r), None, "the receive is gone");
+    let s = net.stats(1);
+    // The request and its data, as if both had come through `handle`.
+    assert_eq!((s.frames_received, s.posted_receives), (2, 0));
+    // In pieces (max payload 1000): once the first has come, the rest goes the usual way.
+    let mut net = Net::new(2);
+    let r = net.recv(1, Some(0), Some(7), None);
+    net.send(0, 1, 7, &data);
+    net.deliver(0, 1);
+    net.deliver(1, 0);
+    assert!(net.ep(1).data_want(r).is_some());
+    assert!(matches!(net.deliver(0, 1), Header::Data { offset: 0, .. }));
+    assert_eq!(net.ep(1).data_want(r), None, "a piece came");
+    net.run();
+    assert_eq!(net.take(1, r), ok(0, 7, &data));
+    assert_eq!(net.stats(1).protocol_errors, 0);
+}

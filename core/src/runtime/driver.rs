@@ -452,8 +452,31 @@ impl Driver {
                 (m.source, m.tag, m.data.len())
             }));
         }
-        self.take_straight(st, id, Some(buf))
-            .map(|(m, len)| Ok((m.source, m.tag, len)))
+        if let Some((m, len)) = self.take_straight(st, id, Some(&mut *buf)) {
+            return Some(Ok((m.source, m.tag, len)));
+        }
+        self.take_data(st, id, buf).map(Ok)
+    }
+
+    /// Rendezvous receive `id`'s data read by the transport straight into `buf`
+    /// ([`Endpoint::data_want`], [`Transport::take_data`], [`Endpoint::take_data_direct`]):
+    /// its sender, tag and length, or `None` if the transport did not take it.
+    fn take_data(
+        &self,
+        st: &mut DriverState,
+        id: RecvId,
+        buf: &mut [u8],
+    ) -> Option<(u32, u32, usize)> {
+        let want = st.endpoint.data_want(id)?;
+        if want.len > buf.len() || !self.transport.take_data(&want, buf) {
+            return None;
+        }
+        let r = st.endpoint.take_data_direct(id, &want);
+        if !st.wakers.is_empty() {
+            // It parked once; no completion event will come to take its waker away.
+            st.unpark(Waiting::Recv(id));
+        }
+        r
     }
 
     /// Receive `id`'s eager message taken straight from the transport (its payload copied to

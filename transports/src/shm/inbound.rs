@@ -256,18 +256,20 @@ impl Inbound {
         self.direct(control, popped, single_copy_next)
     }
 
-    /// Takes the next record if it is a single-copy frame holding the eager message `want`
-    /// describes, and reads its payload from the sender's memory straight into `dst` (shared with the sender for long
-    /// ones, as [`read`](Self::read) does): a large message received into the caller's buffer
-    /// is copied once, not read into a buffer of the transport's and copied again. Anything
-    /// else, or a read that fails, is left for [`read`](Self::read).
-    pub(crate) fn take_single_copy(
+    /// Takes the next record if it is a single-copy frame that `accept` takes — given its
+    /// decoded header and payload length, it returns what the take gives back, or `None` to
+    /// leave it — and reads its payload from the sender's memory straight into `dst` (shared
+    /// with the sender for long ones, as [`read`](Self::read) does): a large message received
+    /// into the caller's buffer is copied once, not read into a buffer of the transport's and
+    /// copied again. Anything else, a destination too short, or a read that fails is left for
+    /// [`read`](Self::read).
+    pub(crate) fn take_single_copy<T>(
         &mut self,
         own: &Segment,
-        want: &EagerWant,
         dst: &mut [u8],
         read: &ReadInto<'_>,
-    ) -> Direct {
+        accept: impl FnOnce(&Header, usize) -> Option<T>,
+    ) -> Direct<T> {
         if self.stream.said_bye || self.stream.broken {
             return Direct::default();
         }
@@ -285,31 +287,21 @@ impl Inbound {
             else {
                 return None;
             };
-            let envelope = match wire::decode_header(header) {
-                Ok((Header::Eager(envelope), declared, used))
-                    if declared == len && used == header.len() =>
-                {
-                    envelope
-                }
+            let header = match wire::decode_header(header) {
+                Ok((h, declared, used)) if declared == len && used == header.len() => h,
                 _ => return None,
             };
             let len = usize::try_from(len).ok()?;
             // A destination 1–63 bytes past the source modulo a page would make the kernel's
             // copy crawl (see `rankweave_core::byte_copy`): that one is left for `read`, which
             // reads into a buffer lined up with the source.
-            if !want.accepts(&envelope, len)
-                || len > dst.len()
-                || byte_copy::is_slow_copy(dst.as_ptr(), addr, len)
-            {
+            if len > dst.len() || byte_copy::is_slow_copy(dst.as_ptr(), addr, len) {
                 return None;
             }
+            let taken = accept(&header, len)?;
             read_payload_to(read, token, addr, &mut dst[..len]).ok()?;
             token_read = Some(token.saturating_add(1));
-            Some(EagerTaken {
-                tag: envelope.tag,
-                len,
-                data: Bytes::new(),
-            })
+            Some(taken)
         });
         if let Some(n) = token_read {
             self.stream.tokens_read = self.stream.tokens_read.max(n);
@@ -320,12 +312,12 @@ impl Inbound {
     }
 
     /// What a direct take came to; the space of what it consumed goes back to the producer.
-    fn direct(
+    fn direct<T>(
         &mut self,
         control: &RingControl,
-        popped: Popped<Option<EagerTaken>>,
+        popped: Popped<Option<T>>,
         single_copy_next: bool,
-    ) -> Direct {
+    ) -> Direct<T> {
         let taken = match popped {
             Popped::Record(Some(taken)) => Some(taken),
             Popped::Record(None) | Popped::Empty | Popped::Corrupt => None,
@@ -342,10 +334,10 @@ impl Inbound {
 }
 
 /// What [`Inbound::take_eager`] or [`Inbound::take_single_copy`] did.
-#[derive(Debug, Default)]
-pub(crate) struct Direct {
-    /// The message taken, if it was the one wanted.
-    pub(crate) taken: Option<EagerTaken>,
+#[derive(Debug)]
+pub(crate) struct Direct<T = EagerTaken> {
+    /// What was taken, if it was what was wanted.
+    pub(crate) taken: Option<T>,
     /// The producer waits for space and must be signalled.
     pub(crate) producer_waits: bool,
     /// Nothing was taken and the next record is a single-copy frame, which
@@ -354,6 +346,17 @@ pub(crate) struct Direct {
     /// The sender's single-copy payloads read so far, when this take read one (to publish
     /// for the sender, as after [`Inbound::read`]).
     pub(crate) tokens_read: Option<u64>,
+}
+
+impl<T> Default for Direct<T> {
+    fn default() -> Self {
+        Direct {
+            taken: None,
+            producer_waits: false,
+            single_copy_next: false,
+            tokens_read: None,
+        }
+    }
 }
 
 impl Stream {

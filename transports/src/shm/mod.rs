@@ -37,9 +37,9 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use rankweave_core::frame::{Envelope, Frame};
+use rankweave_core::frame::{Envelope, Frame, Header};
 use rankweave_core::{
-    Arrival, Capabilities, Communicator, Config, EagerTaken, EagerWant, Error, ShmConfig,
+    Arrival, Capabilities, Communicator, Config, DataWant, EagerTaken, EagerWant, Error, ShmConfig,
     ShmCounters, ShmNow, Transport, TransportError, TransportStats,
 };
 use rustc_hash::FxHashMap;
@@ -332,6 +332,10 @@ impl Transport for ShmTransport {
 
     fn take_eager(&self, want: &EagerWant, into: Option<&mut [u8]>) -> Option<EagerTaken> {
         self.rank.take_eager(want, into)
+    }
+
+    fn take_data(&self, want: &DataWant, into: &mut [u8]) -> bool {
+        self.rank.take_data(want, into)
     }
 
     fn send_eager(
@@ -846,6 +850,26 @@ impl ShmRank {
         out.len() - before
     }
 
+    /// [`Inbound::take_single_copy`] on `ring`, read as `read_rings` reads (the sender mapped
+    /// first if it is not yet), the sender told how far this rank has read.
+    fn take_single_copy<T>(
+        &self,
+        ring: &mut Inbound,
+        dst: &mut [u8],
+        accept: impl FnOnce(&Header, usize) -> Option<T>,
+    ) -> inbound::Direct<T> {
+        let sender = ring.sender();
+        let peer = self.peer(sender).ok();
+        let single = self.with_read_into(sender, peer, false, |read| {
+            ring.take_single_copy(&self.own, dst, read, accept)
+        });
+        if let (Some(n), Some(info)) = (single.tokens_read, self.own.pair_info(sender)) {
+            // After the read: the sender may reuse the memory once it sees this.
+            info.tokens_read.store(n, Ordering::Release);
+        }
+        single
+    }
+
     /// Runs `f` with where the ring from `sender` (whose peer is `peer`, if it can still be
     /// mapped) is read into: its sender's process, its split-copy slot and the pool.
     fn with_read_into<R>(
@@ -1103,19 +1127,17 @@ impl Transport for ShmRank {
         }
         let ring = inbound.rings.iter_mut().find(|r| r.sender() == want.from)?;
         let mut direct = ring.take_eager(&self.own, want, into.as_deref_mut());
-        let mut peer = self.peer_if_connected(want.from);
         if let (true, Some(dst)) = (direct.single_copy_next, into) {
-            // Its reader needs the sender mapped (as `read_rings` maps it).
-            peer = self.peer(want.from).ok();
             // A large message, to be read from the sender's memory: straight into the
             // receive's buffer.
-            let single = self.with_read_into(ring.sender(), peer, false, |read| {
-                ring.take_single_copy(&self.own, want, dst, read)
+            let single = self.take_single_copy(ring, dst, |header, len| match *header {
+                Header::Eager(envelope) if want.accepts(&envelope, len) => Some(EagerTaken {
+                    tag: envelope.tag,
+                    len,
+                    data: bytes::Bytes::new(),
+                }),
+                _ => None,
             });
-            if let (Some(n), Some(info)) = (single.tokens_read, self.own.pair_info(want.from)) {
-                // After the read: the sender may reuse the memory once it sees this.
-                info.tokens_read.store(n, Ordering::Release);
-            }
             direct.producer_waits |= single.producer_waits;
             direct.taken = single.taken;
             inbound.read_into_receive += u64::from(direct.taken.is_some());
@@ -1126,11 +1148,42 @@ impl Transport for ShmRank {
         }
         drop(inbound);
         if direct.producer_waits {
-            if let Some(peer) = peer {
+            if let Some(peer) = self.peer_if_connected(want.from) {
                 self.nudge(peer);
             }
         }
         direct.taken
+    }
+
+    fn take_data(&self, want: &DataWant, into: &mut [u8]) -> bool {
+        if self.closed.load(Ordering::Acquire) {
+            return false;
+        }
+        let Some(mut inbound) = self.inbound.try_lock() else {
+            return false;
+        };
+        let Some(ring) = inbound.rings.iter_mut().find(|r| r.sender() == want.from) else {
+            return false;
+        };
+        let single = self.take_single_copy(ring, into, |header, len| match *header {
+            Header::Data { recv_id, offset: 0 } if recv_id == want.recv_id && len == want.len => {
+                Some(())
+            }
+            _ => None,
+        });
+        let taken = single.taken.is_some();
+        if taken {
+            inbound.read_into_receive += 1;
+            inbound.frames_received += 1;
+            inbound.bytes_received += want.len as u64;
+        }
+        drop(inbound);
+        if single.producer_waits {
+            if let Some(peer) = self.peer_if_connected(want.from) {
+                self.nudge(peer);
+            }
+        }
+        taken
     }
 
     fn poll_arrival(&self, cx: &mut Context<'_>) -> Poll<()> {

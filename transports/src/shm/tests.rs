@@ -830,17 +830,18 @@ async fn a_receive_into_a_buffer_gets_its_message_from_the_ring() {
     );
 }
 
-/// A large eager message received into a buffer is read from the sender's memory straight
-/// there (the copy shared with the sender from 64 KiB), waiting first or already announced,
-/// with no buffer of the transport's and no second copy. A buffer lying where the kernel's copy would crawl
+/// A large message received into a buffer is read from the sender's memory straight there —
+/// an eager one past the inline limit, and a rendezvous one's data once its request to send
+/// was matched (the copy shared with the sender from 64 KiB) — waiting first or already
+/// announced, with no buffer of the transport's and no second copy. A buffer lying where the kernel's copy would crawl
 /// (1–63 bytes past the source modulo a page) is read lined up and copied, as a `recv` is; a
 /// message longer than the buffer is refused and kept. (On one thread, so the progress task
 /// does not take the messages in before the receive looks.)
 #[tokio::test]
 async fn a_large_message_received_into_a_buffer_is_read_straight_there() {
     use std::future::Future;
-    use std::pin::pin;
-    use std::task::{Context, Waker};
+    use std::pin::{Pin, pin};
+    use std::task::{Context, Poll, Waker};
     let config = Config {
         shm: ShmConfig {
             pipeline_max: 0,
@@ -862,19 +863,39 @@ async fn a_large_message_received_into_a_buffer_is_read_straight_there() {
         let at = (src.as_ptr() as usize + distance).wrapping_sub(base) % 4096;
         at..at + len
     }
-    let mut room = vec![0u8; 65_536 + 8192];
-    for (i, len) in [40_000usize, 65_536].into_iter().enumerate() {
+    // Polls the receive, then the send (whose polls take in the receiver's clear-to-send and
+    // publish a rendezvous message's data), by hand until the receive has its message: no
+    // task of the runtime runs in between, so nothing else takes the data in first.
+    fn received(
+        mut recv: Pin<&mut rankweave_core::RecvIntoOp<'_>>,
+        mut send: Pin<&mut rankweave_core::SendOp>,
+    ) -> usize {
+        let mut cx = Context::from_waker(Waker::noop());
+        let until = Instant::now() + Duration::from_secs(10);
+        let mut sent = false;
+        loop {
+            if let Poll::Ready(r) = recv.as_mut().poll(&mut cx) {
+                return r.unwrap().len;
+            }
+            if !sent {
+                sent = send.as_mut().poll(&mut cx).map(Result::unwrap).is_ready();
+            }
+            assert!(Instant::now() < until, "the message never came");
+        }
+    }
+    let mut room = vec![0u8; (1 << 20) + 8192];
+    // Eager past the inline limit, eager and shared with the sender, rendezvous.
+    for (i, len) in [40_000usize, 65_536, 1 << 20].into_iter().enumerate() {
         let data = Bytes::from(pattern(len, i as u64));
-        // Waiting first.
         let before = direct();
         let range = placed(&mut room, &data, 0, len);
+        // Waiting first.
         {
             let mut waiting = pin!(comms[1].recv_into(0, 7, &mut room[range.clone()]));
             let mut cx = Context::from_waker(Waker::noop());
             assert!(waiting.as_mut().poll(&mut cx).is_pending());
-            let send = comms[0].send(1, 7, data.clone());
-            assert_eq!(waiting.await.unwrap().len, len);
-            send.await.unwrap();
+            let send = pin!(comms[0].send(1, 7, data.clone()));
+            assert_eq!(received(waiting, send), len);
         }
         assert!(room[range.clone()] == data[..], "{len} B, waiting first");
         assert_eq!(
@@ -884,31 +905,21 @@ async fn a_large_message_received_into_a_buffer_is_read_straight_there() {
         );
         // Announced before the receive is posted.
         room.fill(0);
-        let send = comms[0].send(1, 7, data.clone());
-        assert_eq!(
-            comms[1]
-                .recv_into(0, 7, &mut room[range.clone()])
-                .await
-                .unwrap()
-                .len,
-            len
-        );
-        send.await.unwrap();
+        {
+            let send = pin!(comms[0].send(1, 7, data.clone()));
+            let recv = pin!(comms[1].recv_into(0, 7, &mut room[range.clone()]));
+            assert_eq!(received(recv, send), len);
+        }
         assert!(room[range.clone()] == data[..], "{len} B, announced first");
         assert_eq!(direct(), before + 2);
         // Where the kernel's copy would crawl: the usual way.
         room.fill(0);
         let slow = placed(&mut room, &data, 8, len);
-        let send = comms[0].send(1, 7, data.clone());
-        assert_eq!(
-            comms[1]
-                .recv_into(0, 7, &mut room[slow.clone()])
-                .await
-                .unwrap()
-                .len,
-            len
-        );
-        send.await.unwrap();
+        {
+            let send = pin!(comms[0].send(1, 7, data.clone()));
+            let recv = pin!(comms[1].recv_into(0, 7, &mut room[slow.clone()]));
+            assert_eq!(received(recv, send), len);
+        }
         assert!(room[slow] == data[..], "{len} B, lined up elsewhere");
         assert_eq!(direct(), before + 2, "not read into a crawling destination");
         // Too long for the buffer: refused, and still there.
