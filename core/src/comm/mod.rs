@@ -396,6 +396,11 @@ impl Communicator {
     ///
     /// A message longer than `buf` fails with [`Error::Truncated`] and is not consumed: it stays
     /// first in line for the next matching receive. Posted now, like [`recv`](Self::recv).
+    ///
+    /// The message is copied once, into `buf`: over shared memory a small one straight from
+    /// the ring, a large one straight from the sender's memory (single copy), when this
+    /// receive is the one waiting for that sender's next message; otherwise from the buffer
+    /// it was received into.
     pub fn recv_into<'a, T: bytemuck::Pod>(
         &'a self,
         source: impl Into<Source>,

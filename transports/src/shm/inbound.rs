@@ -22,6 +22,7 @@ use super::record::{self, Record};
 use super::ring::{Popped, RingConsumer, RingControl};
 use super::segment::Segment;
 use super::split_copy::{self, SplitSlot};
+use crate::sync::SharedBytes;
 use rankweave_core::buffer_pool::{BufferPool, SmallCopies};
 
 /// Payload bytes after which one read stops (see [`Inbound::read`]).
@@ -221,10 +222,7 @@ impl Inbound {
         want: &EagerWant,
         into: Option<&mut [u8]>,
     ) -> Direct {
-        if self.stream.said_bye || self.stream.broken {
-            return Direct::default();
-        }
-        let Some((control, data)) = own.ring(self.stream.sender) else {
+        let Some((control, data)) = self.open_ring(own) else {
             return Direct::default();
         };
         let mut single_copy_next = false;
@@ -270,10 +268,7 @@ impl Inbound {
         read: &ReadInto<'_>,
         accept: impl FnOnce(&Header, usize) -> Option<T>,
     ) -> Direct<T> {
-        if self.stream.said_bye || self.stream.broken {
-            return Direct::default();
-        }
-        let Some((control, data)) = own.ring(self.stream.sender) else {
+        let Some((control, data)) = self.open_ring(own) else {
             return Direct::default();
         };
         let mut token_read = None;
@@ -309,6 +304,14 @@ impl Inbound {
         let mut direct = self.direct(control, popped, false);
         direct.tokens_read = token_read.map(|_| self.stream.tokens_read);
         direct
+    }
+
+    /// The ring's control block and data, unless its sender said goodbye or broke the rules.
+    fn open_ring<'s>(&self, own: &'s Segment) -> Option<(&'s RingControl, SharedBytes)> {
+        if self.stream.said_bye || self.stream.broken {
+            return None;
+        }
+        own.ring(self.stream.sender)
     }
 
     /// What a direct take came to; the space of what it consumed goes back to the producer.
