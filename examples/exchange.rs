@@ -1,5 +1,5 @@
 //! Every rank sends a message of each size to its right-hand neighbour and receives one from
-//! its left, checking every byte: 0 B to 64 MiB by default, through whatever transport the job
+//! its left (twice: with `recv`, then with `recv_into`), checking every byte: 0 B to 64 MiB by default, through whatever transport the job
 //! uses (with `rwrun`, shared memory between the processes of one host).
 //!
 //! ```text
@@ -44,10 +44,12 @@ async fn main() -> Result<(), Error> {
         let shm = world.stats().transport.shm;
         rankweave::finalize(world).await?;
         println!(
-            "rank {me} of {n}: {checked} sizes up to {} bytes checked (single copy {}, pipelined {})",
+            "rank {me} of {n}: {checked} sizes up to {} bytes checked (single copy {}, pipelined {}, \
+             read into receive {})",
             sizes.iter().max().unwrap_or(&0),
             shm.single_copy_sent,
-            shm.pipelined_sent
+            shm.pipelined_sent,
+            shm.read_into_receive
         );
         return Ok(());
     }
@@ -70,24 +72,40 @@ async fn run(comm: Communicator, sizes: Vec<usize>) -> Result<usize, Error> {
     let (me, n) = (comm.rank(), comm.size());
     let right = (me + 1) % n;
     let left = (me + n - 1) % n;
+    let mut buf = Vec::new();
     for (round, &len) in sizes.iter().enumerate() {
-        // Both start at once (operations start when called), so no rank waits on another.
-        let send = comm.send(right, round as u32, pattern(me, round, len));
-        let got = comm.recv(left, round as u32).await?;
-        send.await?;
         let want = pattern(left, round, len);
-        if got.data()[..] != want[..] {
-            let at = got
-                .data()
-                .iter()
-                .zip(&want)
-                .position(|(a, b)| a != b)
-                .unwrap_or(got.data().len().min(want.len()));
-            return Err(Error::InvalidArgument(format!(
-                "rank {me}: the {len}-byte message from rank {left} differs at byte {at} (length {})",
-                got.data().len()
-            )));
-        }
+        // Each size twice: received into a buffer of the message's own (`recv`), then into
+        // one of the caller's (`recv_into`, which over shared memory reads a large message
+        // from the sender's memory straight there). Both start at once (operations start when
+        // called), so no rank waits on another.
+        let tag = 2 * round as u32;
+        let send = comm.send(right, tag, pattern(me, round, len));
+        let got = comm.recv(left, tag).await?;
+        send.await?;
+        check(me, left, len, got.data(), &want)?;
+        buf.resize(len, 0);
+        buf.fill(0);
+        let send = comm.send(right, tag + 1, pattern(me, round, len));
+        let status = comm.recv_into(left, tag + 1, &mut buf[..]).await?;
+        send.await?;
+        check(me, left, len, &buf[..status.len], &want)?;
     }
     Ok(sizes.len())
+}
+
+/// Whether `got`, the `len`-byte message from rank `left`, is `want`.
+fn check(me: usize, left: usize, len: usize, got: &[u8], want: &[u8]) -> Result<(), Error> {
+    if got == want {
+        return Ok(());
+    }
+    let at = got
+        .iter()
+        .zip(want)
+        .position(|(a, b)| a != b)
+        .unwrap_or(got.len().min(want.len()));
+    Err(Error::InvalidArgument(format!(
+        "rank {me}: the {len}-byte message from rank {left} differs at byte {at} (length {})",
+        got.len()
+    )))
 }

@@ -29,10 +29,12 @@ fn exchange(n: usize, sizes: Option<&str>, env: &[(&str, &str)]) {
     let out = run_with_deadline(cmd, Duration::from_secs(120));
     assert_every_rank_reported(&out, n, "bytes checked");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    // By default every payload up to 64 MiB is pipelined; a lower pipeline limit sends the
-    // larger ones by single copy.
-    let single_copy = !env.contains(&("RANKWEAVE_SHM_SINGLE_COPY", "off"))
-        && env.iter().any(|(k, _)| *k == "RANKWEAVE_SHM_PIPELINE_MAX");
+    // Without single copy every large payload is pipelined; with a lower pipeline limit the
+    // larger ones go by single copy; by default the chooser tries both (each size goes twice).
+    let no_single_copy = env.contains(&("RANKWEAVE_SHM_SINGLE_COPY", "off"));
+    let single_copy =
+        !no_single_copy && env.iter().any(|(k, _)| *k == "RANKWEAVE_SHM_PIPELINE_MAX");
+    let mut read_into = 0;
     for line in stdout.lines().filter(|l| l.contains("bytes checked")) {
         // "(single copy S, pipelined P)": large messages really took the path under test. A
         // sender's first large message may go in pieces if the receiver has not yet mapped it
@@ -50,10 +52,22 @@ fn exchange(n: usize, sizes: Option<&str>, env: &[(&str, &str)]) {
         let (single, pieces) = (count("single copy "), count("pipelined "));
         if single_copy {
             assert!(single > pieces, "{line}");
-        } else {
+        } else if no_single_copy {
             assert_eq!(single, 0, "{line}");
         }
         assert!(single + pieces >= 3, "too few large messages: {line}");
+        read_into += count("read into receive ");
+    }
+    // Single-copy payloads received with `recv_into` are read straight into the caller's
+    // buffer when the receive is the one waiting for them: some are, over all ranks (whether
+    // one is depends on which look of the receiving rank finds it first).
+    if single_copy {
+        assert!(
+            read_into > 0,
+            "no payload read straight into a receive's buffer"
+        );
+    } else if no_single_copy {
+        assert_eq!(read_into, 0);
     }
 }
 
