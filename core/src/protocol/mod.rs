@@ -755,14 +755,15 @@ impl Endpoint {
         if self.lone.is_some_and(|l| l.id == public) {
             return None;
         }
-        let op = self.recvs.get(self.lone_ids.op_id(public).0)?;
+        let id = self.lone_ids.op_id(public);
+        let op = self.recvs.get(id.0)?;
         match &op.state {
             RecvState::Receiving { key, data, .. }
                 if !op.orphaned && data.received() == 0 && !data.is_empty() =>
             {
                 Some(DataWant {
                     from: key.source,
-                    recv_id: self.lone_ids.op_id(public).0,
+                    recv_id: id.0,
                     len: data.len(),
                 })
             }

@@ -816,12 +816,7 @@ impl ShmRank {
             let outcome = self.with_read_into(ring.sender(), peer, discard, |into| {
                 ring.read(&self.own, into, READ_BUDGET, out)
             });
-            if let (Some(n), Some(info)) = (outcome.tokens_read, self.own.pair_info(ring.sender()))
-            {
-                // After the reads: the sender may reuse the memory once it sees this. No
-                // signal: nothing waits for it (the sender looks on its next drain).
-                info.tokens_read.store(n, Ordering::Release);
-            }
+            self.publish_tokens_read(ring.sender(), outcome.tokens_read);
             malformed += outcome.malformed as u64;
             bytes += outcome.bytes as u64;
             records += outcome.records as u64;
@@ -850,6 +845,41 @@ impl ShmRank {
         out.len() - before
     }
 
+    /// Takes something straight from the ring of sender `from` (the short cuts of a receive
+    /// waiting for it): `take` runs on that ring under the inbound lock — not at all while the
+    /// rank is closed or another thread reads the rings, which then delivers what is there —
+    /// and what it took is counted (`len`: its payload's length), then the sender is signalled
+    /// if it waits for space.
+    fn take_from<T>(
+        &self,
+        from: u32,
+        take: impl FnOnce(&mut Inbound) -> inbound::Direct<T>,
+        len: impl FnOnce(&T) -> usize,
+    ) -> Option<T> {
+        if self.closed.load(Ordering::Acquire) {
+            return None;
+        }
+        let mut inbound = self.inbound.try_lock()?;
+        if self.own.has_senders_beyond(inbound.known) {
+            self.add_senders(&mut inbound);
+        }
+        let ring = inbound.rings.iter_mut().find(|r| r.sender() == from)?;
+        let direct = take(ring);
+        if let Some(t) = &direct.taken {
+            inbound.frames_received += 1;
+            inbound.bytes_received += len(t) as u64;
+            // A single-copy payload was read: straight into the receive's buffer.
+            inbound.read_into_receive += u64::from(direct.tokens_read.is_some());
+        }
+        drop(inbound);
+        if direct.producer_waits {
+            if let Some(peer) = self.peer_if_connected(from) {
+                self.nudge(peer);
+            }
+        }
+        direct.taken
+    }
+
     /// [`Inbound::take_single_copy`] on `ring`, read as `read_rings` reads (the sender mapped
     /// first if it is not yet), the sender told how far this rank has read.
     fn take_single_copy<T>(
@@ -863,11 +893,17 @@ impl ShmRank {
         let single = self.with_read_into(sender, peer, false, |read| {
             ring.take_single_copy(&self.own, dst, read, accept)
         });
-        if let (Some(n), Some(info)) = (single.tokens_read, self.own.pair_info(sender)) {
-            // After the read: the sender may reuse the memory once it sees this.
+        self.publish_tokens_read(sender, single.tokens_read);
+        single
+    }
+
+    /// Tells `sender` how many of its single-copy payloads this rank has read (`tokens`, after
+    /// a read that took one). After the reads: the sender may reuse the memory once it sees
+    /// this. No signal: nothing waits for it (the sender looks on its next drain).
+    fn publish_tokens_read(&self, sender: u32, tokens: Option<u64>) {
+        if let (Some(n), Some(info)) = (tokens, self.own.pair_info(sender)) {
             info.tokens_read.store(n, Ordering::Release);
         }
-        single
     }
 
     /// Runs `f` with where the ring from `sender` (whose peer is `peer`, if it can still be
@@ -1117,17 +1153,11 @@ impl Transport for ShmRank {
     }
 
     fn take_eager(&self, want: &EagerWant, mut into: Option<&mut [u8]>) -> Option<EagerTaken> {
-        if self.closed.load(Ordering::Acquire) {
-            return None;
-        }
-        // Another thread reading the rings delivers what is there.
-        let mut inbound = self.inbound.try_lock()?;
-        if self.own.has_senders_beyond(inbound.known) {
-            self.add_senders(&mut inbound);
-        }
-        let ring = inbound.rings.iter_mut().find(|r| r.sender() == want.from)?;
-        let mut direct = ring.take_eager(&self.own, want, into.as_deref_mut());
-        if let (true, Some(dst)) = (direct.single_copy_next, into) {
+        let take = |ring: &mut Inbound| {
+            let direct = ring.take_eager(&self.own, want, into.as_deref_mut());
+            let (true, Some(dst)) = (direct.single_copy_next, into) else {
+                return direct;
+            };
             // A large message, to be read from the sender's memory: straight into the
             // receive's buffer.
             let single = self.take_single_copy(ring, dst, |header, len| match *header {
@@ -1138,52 +1168,26 @@ impl Transport for ShmRank {
                 }),
                 _ => None,
             });
-            direct.producer_waits |= single.producer_waits;
-            direct.taken = single.taken;
-            inbound.read_into_receive += u64::from(direct.taken.is_some());
-        }
-        if let Some(t) = &direct.taken {
-            inbound.frames_received += 1;
-            inbound.bytes_received += t.len as u64;
-        }
-        drop(inbound);
-        if direct.producer_waits {
-            if let Some(peer) = self.peer_if_connected(want.from) {
-                self.nudge(peer);
+            inbound::Direct {
+                producer_waits: direct.producer_waits || single.producer_waits,
+                ..single
             }
-        }
-        direct.taken
+        };
+        self.take_from(want.from, take, |t| t.len)
     }
 
     fn take_data(&self, want: &DataWant, into: &mut [u8]) -> bool {
-        if self.closed.load(Ordering::Acquire) {
-            return false;
-        }
-        let Some(mut inbound) = self.inbound.try_lock() else {
-            return false;
+        let take = |ring: &mut Inbound| {
+            self.take_single_copy(ring, into, |header, len| match *header {
+                Header::Data { recv_id, offset: 0 }
+                    if recv_id == want.recv_id && len == want.len =>
+                {
+                    Some(())
+                }
+                _ => None,
+            })
         };
-        let Some(ring) = inbound.rings.iter_mut().find(|r| r.sender() == want.from) else {
-            return false;
-        };
-        let single = self.take_single_copy(ring, into, |header, len| match *header {
-            Header::Data { recv_id, offset: 0 } if recv_id == want.recv_id && len == want.len => {
-                Some(())
-            }
-            _ => None,
-        });
-        let taken = single.taken.is_some();
-        if taken {
-            inbound.read_into_receive += 1;
-            inbound.frames_received += 1;
-            inbound.bytes_received += want.len as u64;
-        }
-        drop(inbound);
-        if single.producer_waits {
-            if let Some(peer) = self.peer_if_connected(want.from) {
-                self.nudge(peer);
-            }
-        }
-        taken
+        self.take_from(want.from, take, |()| want.len).is_some()
     }
 
     fn poll_arrival(&self, cx: &mut Context<'_>) -> Poll<()> {
