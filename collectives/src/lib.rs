@@ -44,6 +44,7 @@ mod alltoall;
 mod barrier;
 mod broadcast;
 mod ctx;
+mod exposure;
 mod gather;
 pub mod mcast;
 pub mod op;
@@ -310,6 +311,10 @@ impl Collectives for Communicator {
 
     fn all_gather<T: Element>(&self, data: &[T]) -> CollectiveOp<Vec<T>> {
         let cx = Ctx::next(self);
+        if allgather::is_direct(&cx, size_of_val(data)) {
+            let result = allgather::Gathering::new(&cx, data);
+            return start_in(cx, Ok(()), move |cx| allgather::direct(cx, result));
+        }
         if cx.size == 2 && allgather::is_small(&cx, size_of_val(data)) {
             return swap::swap(cx, data, data, data.len());
         }

@@ -412,6 +412,10 @@ fn allgather_configs() -> Vec<Config> {
         Some(AllgatherAlgorithm::RecursiveDoubling),
         Some(AllgatherAlgorithm::Bruck),
         Some(AllgatherAlgorithm::Ring),
+        // In-process ranks cannot read each other's memory: every rank declines the direct
+        // reads alike and the automatic message algorithm runs (the direct reads themselves are
+        // checked between processes, tests/collectives_jobs.rs).
+        Some(AllgatherAlgorithm::Direct),
         None,
     ]
     .into_iter()

@@ -4,6 +4,7 @@
 //! ([`Capabilities`]); the message layer adds only what is missing (UCX's split between UCT and
 //! UCP). One `Transport` value serves one rank.
 
+use std::mem::MaybeUninit;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -245,7 +246,15 @@ pub trait Transport: Send + Sync + 'static {
     /// without the peer taking part (one-sided, as an RDMA read). The caller arranges with the
     /// peer, by messages, that the bytes are there and stay unchanged until it is done. Only
     /// where [`can_read_peer_memory`](Self::can_read_peer_memory) says so; the default fails.
-    fn read_peer_memory(&self, peer: u32, addr: u64, dst: &mut [u8]) -> Result<(), TransportError> {
+    ///
+    /// `dst` may be uninitialized (a vector's spare capacity): on success every byte of it has
+    /// been written; on failure any of them may or may not have been.
+    fn read_peer_memory(
+        &self,
+        peer: u32,
+        addr: u64,
+        dst: &mut [MaybeUninit<u8>],
+    ) -> Result<(), TransportError> {
         let _ = (peer, addr, dst);
         Err(TransportError::Unavailable {
             transport: "peer memory",

@@ -6,7 +6,7 @@
 //! |---|---|---|
 //! | `RANKWEAVE_BCAST` | `auto`, `binomial`, `scatter_allgather`, `chain`, `multicast`, `channels` | `auto` |
 //! | `RANKWEAVE_ALLREDUCE` | `auto`, `recursive_doubling`, `rabenseifner`, `ring`, `direct` | `auto` |
-//! | `RANKWEAVE_ALLGATHER` | `auto`, `recursive_doubling`, `bruck`, `ring` | `auto` |
+//! | `RANKWEAVE_ALLGATHER` | `auto`, `recursive_doubling`, `bruck`, `ring`, `direct` | `auto` |
 //! | `RANKWEAVE_ALLTOALL` | `auto`, `bruck`, `pairwise` | `auto` |
 //! | `RANKWEAVE_BARRIER` | `auto`, `dissemination`, `linear` | `auto` |
 //! | `RANKWEAVE_FLAT_MAX` | ranks | 7: on 3 to this many ranks the barrier is linear and broadcasts go from the root to every rank directly |
@@ -15,6 +15,7 @@
 //! | `RANKWEAVE_ALLREDUCE_LARGE` | bytes | 64 KiB: reduce-scatter + allgather from here |
 //! | `RANKWEAVE_ALLREDUCE_DIRECT` | bytes | 256 KiB (four times that on 2 ranks): commutative allreduces read their peers' vectors directly from here, where every rank is local and may (`0`: never) |
 //! | `RANKWEAVE_ALLGATHER_LARGE` | bytes (total gathered) | 512 KiB: ring from here |
+//! | `RANKWEAVE_ALLGATHER_DIRECT` | bytes (per rank) | 64 KiB: `all_gather` reads its peers' blocks directly from here, where every rank is local and may (`0`: never) |
 //! | `RANKWEAVE_ALLTOALL_LARGE` | bytes (per destination) | 256 B: pairwise exchange from here |
 //! | `RANKWEAVE_SEGMENT` | bytes | 128 KiB: pipeline segment of the chain broadcast |
 
@@ -80,6 +81,11 @@ pub enum AllgatherAlgorithm {
     Bruck,
     /// Ring: n − 1 steps of one block each. Best for large blocks.
     Ring,
+    /// Direct reads (`all_gather` only; `all_gatherv` takes Bruck): every rank reads each
+    /// peer's block straight from the peer's result vector into its own, where every rank of
+    /// the communicator can read the others' memory (ranks of one host over shared memory);
+    /// elsewhere the automatic choice among the others.
+    Direct,
 }
 
 /// Alltoall algorithms.
@@ -134,6 +140,10 @@ pub struct CollectiveTuning {
     /// `RANKWEAVE_ALLGATHER_LARGE`: allgathers collecting at least this many bytes in all use
     /// the ring.
     pub allgather_large: usize,
+    /// `RANKWEAVE_ALLGATHER_DIRECT`: `all_gather`s of at least this many bytes per rank use
+    /// [direct reads](AllgatherAlgorithm::Direct) where every rank can read the others'
+    /// memory; `0` never does.
+    pub allgather_direct: usize,
     /// `RANKWEAVE_ALLTOALL_LARGE`: alltoalls with blocks of at least this many bytes use
     /// pairwise exchange.
     pub alltoall_large: usize,
@@ -156,6 +166,7 @@ impl Default for CollectiveTuning {
             allreduce_large: 64 * 1024,
             allreduce_direct: 256 * 1024,
             allgather_large: 512 * 1024,
+            allgather_direct: 64 * 1024,
             alltoall_large: 256,
             segment: 128 * 1024,
         }
@@ -235,6 +246,7 @@ impl CollectiveTuning {
                     ("recursive_doubling", G::RecursiveDoubling),
                     ("bruck", G::Bruck),
                     ("ring", G::Ring),
+                    ("direct", G::Direct),
                 ],
             )?;
         }
@@ -245,12 +257,13 @@ impl CollectiveTuning {
                 &[("bruck", A::Bruck), ("pairwise", A::Pairwise)],
             )?;
         }
-        let sizes: [(&str, &mut usize); 7] = [
+        let sizes: [(&str, &mut usize); 8] = [
             ("RANKWEAVE_BCAST_LARGE", &mut self.bcast_large),
             ("RANKWEAVE_BCAST_CHAIN", &mut self.bcast_chain),
             ("RANKWEAVE_ALLREDUCE_LARGE", &mut self.allreduce_large),
             ("RANKWEAVE_ALLREDUCE_DIRECT", &mut self.allreduce_direct),
             ("RANKWEAVE_ALLGATHER_LARGE", &mut self.allgather_large),
+            ("RANKWEAVE_ALLGATHER_DIRECT", &mut self.allgather_direct),
             ("RANKWEAVE_ALLTOALL_LARGE", &mut self.alltoall_large),
             ("RANKWEAVE_SEGMENT", &mut self.segment),
         ];
@@ -321,6 +334,14 @@ mod tests {
         assert_eq!(t.segment, 8192);
         let t = with(&[("RANKWEAVE_ALLREDUCE", "direct")]).unwrap();
         assert_eq!(t.allreduce, Some(AllreduceAlgorithm::Direct));
+        let t = with(&[
+            ("RANKWEAVE_ALLGATHER", "direct"),
+            ("RANKWEAVE_ALLGATHER_DIRECT", "1M"),
+        ])
+        .unwrap();
+        assert_eq!(t.allgather, Some(AllgatherAlgorithm::Direct));
+        assert_eq!(t.allgather_direct, 1 << 20);
+        assert_eq!(CollectiveTuning::default().allgather_direct, 64 * 1024);
     }
 
     #[test]

@@ -107,7 +107,12 @@ impl Transport for SplitTransport {
         self.path(peer) == Ok(Path::SharedMemory) && self.local.can_read_peer_memory(peer)
     }
 
-    fn read_peer_memory(&self, peer: u32, addr: u64, dst: &mut [u8]) -> Result<(), TransportError> {
+    fn read_peer_memory(
+        &self,
+        peer: u32,
+        addr: u64,
+        dst: &mut [std::mem::MaybeUninit<u8>],
+    ) -> Result<(), TransportError> {
         match self.path(peer)? {
             Path::SharedMemory => self.local.read_peer_memory(peer, addr, dst),
             Path::Network => self.network.read_peer_memory(peer, addr, dst),

@@ -27,20 +27,16 @@
 //! elements), so every rank finishes, with the error, and none waits for a message that never
 //! comes. A rank that is gone makes its peers' reads and receives fail at once.
 
-use bytes::{BufMut, Bytes, BytesMut};
 use rankweave_core::{Error, byte_copy};
 
 use crate::Element;
 use crate::ctx::length_mismatch;
+use crate::exposure::{announcement, parse};
 use crate::reduce::{Reduction, block, even_bounds};
 
 /// Bytes read from a peer at a time while reducing: a piece is combined while it is in cache,
 /// and the scratch buffer stays small.
 pub(crate) const PIECE: usize = 256 * 1024;
-
-/// An announcement: the vector's address (u64 LE), its length in elements (u64 LE), and 1 if
-/// the sender can read every other rank's memory, else 0.
-const ANNOUNCEMENT: usize = 17;
 
 /// How a direct allreduce ended.
 pub(crate) enum Outcome<T> {
@@ -161,48 +157,4 @@ pub(crate) async fn direct<T: Element>(
         }
     }
     Ok(Outcome::Ran(data))
-}
-
-fn announcement(addr: u64, len: usize, able: bool) -> Bytes {
-    let mut b = BytesMut::with_capacity(ANNOUNCEMENT);
-    b.put_u64_le(addr);
-    b.put_u64_le(len as u64);
-    b.put_u8(u8::from(able));
-    b.freeze()
-}
-
-/// An announcement from `from`: (address, length, able). Anything else is [`Error::Protocol`].
-fn parse(from: usize, m: &[u8]) -> Result<(u64, usize, bool), Error> {
-    let bad = || Error::Protocol {
-        peer: from,
-        detail: format!(
-            "malformed direct-allreduce announcement ({} bytes)",
-            m.len()
-        ),
-    };
-    if m.len() != ANNOUNCEMENT || m[16] > 1 {
-        return Err(bad());
-    }
-    let word = |at: usize| u64::from_le_bytes(m[at..at + 8].try_into().unwrap_or_default());
-    let len = usize::try_from(word(8)).map_err(|_| bad())?;
-    Ok((word(0), len, m[16] == 1))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn announcements_round_trip_and_bad_ones_are_protocol_errors() {
-        let a = announcement(0xdead_beef, 12345, true);
-        assert_eq!(parse(3, &a).unwrap(), (0xdead_beef, 12345, true));
-        let b = announcement(8, 0, false);
-        assert_eq!(parse(3, &b).unwrap(), (8, 0, false));
-        for bad in [&a[..16], &[0u8; 18][..], &[2u8; 17][..]] {
-            match parse(3, bad) {
-                Err(Error::Protocol { peer: 3, .. }) => {}
-                other => panic!("{other:?}"),
-            }
-        }
-    }
 }

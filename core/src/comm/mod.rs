@@ -592,6 +592,20 @@ impl Communicator {
     /// where the bytes are and until when they stay unchanged. A rank that is gone gives
     /// [`Error::PeerFailed`].
     pub fn read_memory_of(&self, rank: usize, addr: u64, dst: &mut [u8]) -> Result<(), Error> {
+        // SAFETY: `MaybeUninit<u8>` has the layout of `u8`, and the read only writes whole
+        // bytes into the slice, so it stays initialized.
+        let dst = unsafe { &mut *(std::ptr::from_mut(dst) as *mut [std::mem::MaybeUninit<u8>]) };
+        self.read_memory_of_uninit(rank, addr, dst)
+    }
+
+    /// [`read_memory_of`](Self::read_memory_of) into memory that may be uninitialized (a
+    /// vector's spare capacity): on success every byte of `dst` has been written.
+    pub fn read_memory_of_uninit(
+        &self,
+        rank: usize,
+        addr: u64,
+        dst: &mut [std::mem::MaybeUninit<u8>],
+    ) -> Result<(), Error> {
         let from = self.check_rank(rank)?;
         self.inner
             .driver

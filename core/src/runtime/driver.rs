@@ -589,7 +589,7 @@ impl Driver {
         &self,
         peer: u32,
         addr: u64,
-        dst: &mut [u8],
+        dst: &mut [std::mem::MaybeUninit<u8>],
     ) -> Result<(), TransportError> {
         self.transport.read_peer_memory(peer, addr, dst)
     }

@@ -6,6 +6,8 @@
 //! found out once per peer with [`probe`]; where it may not, large messages go through the ring
 //! in pieces instead.
 
+use std::mem::MaybeUninit;
+
 use rankweave_core::buffer_pool::BufferPool;
 use rankweave_core::byte_copy;
 
@@ -24,15 +26,17 @@ pub(crate) fn read_into(pid: u32, addr: u64, len: usize, buf: &mut Vec<u8>) -> R
     Ok(())
 }
 
-/// Reads `dst.len()` bytes at address `addr` of process `pid` into `dst`.
+/// Reads `dst.len()` bytes at address `addr` of process `pid` into `dst` (which may be
+/// uninitialized; on success all of it is written).
 ///
 /// Where `dst` lies 1–63 bytes past `addr` modulo a page, the kernel's copy would crawl (see
 /// `rankweave_core::byte_copy`): the bytes go to a pooled buffer lined up with `addr` first,
 /// and from there to `dst` by a copy that avoids the slow case.
-pub(crate) fn read_slice(pid: u32, addr: u64, dst: &mut [u8]) -> Result<(), String> {
-    if !byte_copy::is_slow_copy(dst.as_ptr(), addr, dst.len()) {
+pub(crate) fn read_slice(pid: u32, addr: u64, dst: &mut [MaybeUninit<u8>]) -> Result<(), String> {
+    let to = dst.as_mut_ptr().cast::<u8>();
+    if !byte_copy::is_slow_copy(to, addr, dst.len()) {
         // SAFETY: `dst` is a writable, exclusively borrowed slice of that length.
-        return unsafe { read_raw(pid, addr, dst.as_mut_ptr(), dst.len()) };
+        return unsafe { read_raw(pid, addr, to, dst.len()) };
     }
     let pool = BufferPool::shared();
     let (mut bounce, skip) = pool
@@ -40,7 +44,9 @@ pub(crate) fn read_slice(pid: u32, addr: u64, dst: &mut [u8]) -> Result<(), Stri
         .ok_or_else(|| format!("no memory for a {}-byte read", dst.len()))?;
     let read = read_into(pid, addr, dst.len(), &mut bounce);
     if read.is_ok() {
-        byte_copy::copy_slice(dst, &bounce[skip..]);
+        // SAFETY: `dst` is writable for its length and exclusively borrowed, so it overlaps
+        // nothing in the bounce buffer, which holds exactly that many bytes after `skip`.
+        unsafe { byte_copy::copy_raw(to, bounce[skip..].as_ptr(), dst.len()) };
     }
     pool.recycle(bounce);
     read
@@ -157,9 +163,21 @@ mod tests {
         let mut small = Vec::with_capacity(4);
         assert!(read_into(std::process::id(), src.as_ptr() as u64, 8, &mut small).is_err());
         let mut part = [0u8; 5];
-        read_slice(std::process::id(), src[7..].as_ptr() as u64, &mut part).unwrap();
+        read_slice(
+            std::process::id(),
+            src[7..].as_ptr() as u64,
+            bytes(&mut part),
+        )
+        .unwrap();
         assert_eq!(part, src[7..12]);
-        assert!(read_slice(std::process::id(), 8, &mut part).is_err());
+        assert!(read_slice(std::process::id(), 8, bytes(&mut part)).is_err());
+    }
+
+    /// `b` as the possibly uninitialized bytes `read_slice` writes.
+    fn bytes(b: &mut [u8]) -> &mut [MaybeUninit<u8>] {
+        // SAFETY: `MaybeUninit<u8>` has the layout of `u8`; `read_slice` writes only whole
+        // bytes, so `b` stays initialized.
+        unsafe { &mut *(std::ptr::from_mut(b) as *mut [MaybeUninit<u8>]) }
     }
 
     /// A destination 1–63 bytes past the source modulo a page goes through a lined-up
@@ -177,7 +195,7 @@ mod tests {
                 byte_copy::is_slow_copy(dst.as_ptr(), src.as_ptr() as u64, dst.len()),
                 (1..64).contains(&distance)
             );
-            read_slice(std::process::id(), src.as_ptr() as u64, dst).unwrap();
+            read_slice(std::process::id(), src.as_ptr() as u64, bytes(dst)).unwrap();
             assert_eq!(&arena[start..start + 20_000], &src[..20_000]);
             assert!(arena[..start].iter().all(|&b| b == 0xEE));
             assert!(arena[start + 20_000..].iter().all(|&b| b == 0xEE));
@@ -187,6 +205,6 @@ mod tests {
         let mut dst = vec![0u8; 5000];
         let bogus = (dst.as_ptr() as u64).wrapping_sub(16) & 0xfff;
         assert!(byte_copy::is_slow_copy(dst.as_ptr(), bogus, dst.len()));
-        assert!(read_slice(std::process::id(), bogus, &mut dst).is_err());
+        assert!(read_slice(std::process::id(), bogus, bytes(&mut dst)).is_err());
     }
 }

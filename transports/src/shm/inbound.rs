@@ -227,11 +227,14 @@ impl Inbound {
         };
         let mut single_copy_next = false;
         let popped = self.consumer.pop_if(&data, |kind, body| {
-            if kind != record::FRAME {
-                single_copy_next = kind == record::SINGLE_COPY;
-                return None;
-            }
-            let (envelope, payload) = wire::decode_eager(body)?;
+            let (envelope, payload) = match kind {
+                record::SHORT => record::parse_short(body)?,
+                record::FRAME => wire::decode_eager(body)?,
+                _ => {
+                    single_copy_next = kind == record::SINGLE_COPY;
+                    return None;
+                }
+            };
             if !want.accepts(&envelope, payload.len()) {
                 return None;
             }
@@ -375,19 +378,14 @@ impl Stream {
             return Handled::Malformed;
         };
         match rec {
-            Record::Frame(_) if discard => Handled::Nothing,
-            Record::Frame(bytes) => {
-                let Some((header, payload)) = inline_frame(bytes) else {
-                    return Handled::Malformed;
-                };
-                let n = payload.len();
-                let payload = self.arena.copy(payload);
-                out.push(Arrival::Frame {
-                    from: self.sender,
-                    frame: Frame { header, payload },
-                });
-                Handled::Delivered(n)
+            Record::Frame(_) | Record::Short(..) if discard => Handled::Nothing,
+            Record::Short(envelope, payload) => {
+                self.deliver_inline(Header::Eager(envelope), payload, out)
             }
+            Record::Frame(bytes) => match inline_frame(bytes) {
+                Some((header, payload)) => self.deliver_inline(header, payload, out),
+                None => Handled::Malformed,
+            },
             Record::SingleCopy {
                 token,
                 addr,
@@ -468,6 +466,22 @@ impl Stream {
             Some(p) => self.deliver(into.pool.freeze(p.buf), out),
             None => Handled::Nothing,
         }
+    }
+
+    /// A frame read in place from the ring (an inline record): its payload copied out.
+    fn deliver_inline(
+        &mut self,
+        header: Header,
+        payload: &[u8],
+        out: &mut Vec<Arrival>,
+    ) -> Handled {
+        let n = payload.len();
+        let payload = self.arena.copy(payload);
+        out.push(Arrival::Frame {
+            from: self.sender,
+            frame: Frame { header, payload },
+        });
+        Handled::Delivered(n)
     }
 
     fn deliver(&self, bytes: Bytes, out: &mut Vec<Arrival>) -> Handled {

@@ -351,7 +351,12 @@ impl Transport for ShmTransport {
         self.rank.can_read_peer_memory(peer)
     }
 
-    fn read_peer_memory(&self, peer: u32, addr: u64, dst: &mut [u8]) -> Result<(), TransportError> {
+    fn read_peer_memory(
+        &self,
+        peer: u32,
+        addr: u64,
+        dst: &mut [std::mem::MaybeUninit<u8>],
+    ) -> Result<(), TransportError> {
         self.rank.read_peer_memory(peer, addr, dst)
     }
 
@@ -1343,7 +1348,12 @@ impl Transport for ShmRank {
             .is_ok_and(|p| p.readable && !p.gone.load(Ordering::Acquire))
     }
 
-    fn read_peer_memory(&self, peer: u32, addr: u64, dst: &mut [u8]) -> Result<(), TransportError> {
+    fn read_peer_memory(
+        &self,
+        peer: u32,
+        addr: u64,
+        dst: &mut [std::mem::MaybeUninit<u8>],
+    ) -> Result<(), TransportError> {
         let p = self.peer(peer)?;
         if p.gone.load(Ordering::Acquire) {
             return Err(TransportError::PeerUnreachable(peer as usize));

@@ -2,8 +2,9 @@
 //!
 //! A frame goes into the ring in the peer's segment in one of three ways, by its encoded size:
 //!
-//! 1. **Inline** (up to the inline limit): one `FRAME` record, header and payload copied into
-//!    the ring once; the receiver copies them out.
+//! 1. **Inline** (up to the inline limit): one record, header and payload copied into the ring
+//!    once; the receiver copies them out. An eager message goes as a `SHORT` record (its
+//!    envelope in 16 bytes, see `record`), anything else as a `FRAME`.
 //! 2. **Pipelined** (larger, or any size without single copy): the encoded frame in
 //!    `CHUNK_FIRST`/`CHUNK` records of at most a ring record each; the receiver copies each
 //!    piece out while this side writes the next, and reassembles them.
@@ -29,7 +30,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use rankweave_core::config::ShmConfig;
-use rankweave_core::frame::{Envelope, Frame};
+use rankweave_core::frame::{Envelope, Frame, Header};
 use rankweave_core::wire;
 use std::sync::atomic::Ordering;
 
@@ -230,12 +231,22 @@ impl Outbound {
         let header = &header[..hlen];
         let total = hlen + frame.payload.len();
         let queued = if total <= self.inline_max {
+            // Inline or not is decided by the wire header's length, whichever header the
+            // record then carries: so a size goes the same way with either.
+            let short = match &frame.header {
+                Header::Eager(envelope) => record::short_header(envelope, frame.payload.len()),
+                _ => None,
+            };
+            let (kind, header) = match &short {
+                Some(short) => (record::SHORT, &short[..]),
+                None => (record::FRAME, header),
+            };
             // The common case, without an allocation: straight into the ring.
-            if self.push_now(peer, me, record::FRAME, &[header, &frame.payload[..]]) {
+            if self.push_now(peer, me, kind, &[header, &frame.payload[..]]) {
                 return true;
             }
             Queued::Record {
-                kind: record::FRAME,
+                kind,
                 body: [header, &frame.payload].concat(),
             }
         } else if self.large_path(peer, me, frame.payload.len()) == CopyPath::SingleCopy {
@@ -330,22 +341,26 @@ impl Outbound {
         if !self.queue.is_empty() || wire::EAGER_HEADER_LEN + len > self.inline_max {
             return false;
         }
-        let header = wire::encode_eager_header(envelope, len);
+        let short = record::short_header(envelope, len);
+        let wire_header;
+        let (kind, header): (u8, &[u8]) = match &short {
+            Some(short) => (record::SHORT, short),
+            None => {
+                wire_header = wire::encode_eager_header(envelope, len);
+                (record::FRAME, &wire_header)
+            }
+        };
         let parts: [&[u8]; 4] = match *payload {
-            [] => [&header, &[], &[], &[]],
-            [a] => [&header, a, &[], &[]],
-            [a, b] => [&header, a, b, &[]],
-            [a, b, c] => [&header, a, b, c],
+            [] => [header, &[], &[], &[]],
+            [a] => [header, a, &[], &[]],
+            [a, b] => [header, a, b, &[]],
+            [a, b, c] => [header, a, b, c],
             _ => return false,
         };
         let Some((control, data)) = peer.ring(me) else {
             return false;
         };
-        if self
-            .producer
-            .try_push(control, &data, record::FRAME, &parts)
-            != Pushed::Done
-        {
+        if self.producer.try_push(control, &data, kind, &parts) != Pushed::Done {
             return false;
         }
         self.counts.frames += 1;

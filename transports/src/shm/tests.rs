@@ -457,12 +457,13 @@ async fn malformed_records_are_dropped_and_counted_and_a_corrupt_ring_is_given_u
         let mut out = peer.out.lock();
         out.send_control(&peer.segment, 0, 99, b"unknown kind");
         out.send_control(&peer.segment, 0, record::FRAME, b"not a frame");
+        out.send_control(&peer.segment, 0, record::SHORT, b"under 16 bytes");
         out.send_control(&peer.segment, 0, record::BYE, b"not empty");
     }
     t[0].send(1, eager(1, vec![4])).unwrap();
     let got = payloads(collect(&t[1], &[], 2), 0);
     assert_eq!(got.iter().map(|(s, _)| *s).collect::<Vec<_>>(), [0, 1]);
-    assert_eq!(t[1].counters().malformed_dropped, 3);
+    assert_eq!(t[1].counters().malformed_dropped, 4);
     // Now break the ring itself: a record running past the end of the data area.
     let (_, data) = peer.segment.ring(0).unwrap();
     peer.out.lock().producer_mut().push_corrupt(&data);
@@ -590,6 +591,62 @@ async fn a_lost_wake_up_costs_a_look_not_the_job_and_is_counted() {
     );
     assert_eq!(t[1].counters().wakeups_missed, 1);
     assert_eq!(t[0].counters().signals_sent, 0);
+}
+
+#[tokio::test]
+async fn eager_frames_go_as_short_records_unless_their_sequence_number_is_past_32_bits() {
+    let t = job(2, settings(64 * 1024, true));
+    let late = 1u64 << 32;
+    let sent = [
+        eager(0, pattern(20, 0)),
+        eager(late, pattern(20, 1)),
+        eager(u64::from(u32::MAX), pattern(32, 2)),
+        eager(late + 1, Vec::new()),
+    ];
+    for frame in &sent[..3] {
+        t[0].send(1, frame.clone()).unwrap();
+    }
+    // Either way the same frames arrive: envelope (sequence number and length included) and
+    // payload.
+    let got = collect(&t[1], &[], 3);
+    let frames: Vec<_> = got
+        .into_iter()
+        .map(|a| match a {
+            Arrival::Frame { from: 0, frame } => frame,
+            other => panic!("unexpected {other:?}"),
+        })
+        .collect();
+    assert_eq!(frames, sent[..3]);
+    t[0].send(1, sent[3].clone()).unwrap();
+    // The kind byte of each record (12 bytes into its header; records start on 64-byte
+    // units): a 20-byte payload after a SHORT header fits one unit, after a wire header two.
+    let peer = t[0].peer(1).unwrap();
+    let (_, data) = peer.segment.ring(0).unwrap();
+    let kind_at = |at: usize| {
+        // SAFETY: within the data area; only this thread writes the ring, and not meanwhile.
+        unsafe { data.with_slice(at + 12, 1, |b| b[0]) }
+    };
+    let kinds = [kind_at(0), kind_at(64), kind_at(192), kind_at(256)];
+    assert_eq!(
+        kinds,
+        [record::SHORT, record::FRAME, record::SHORT, record::FRAME]
+    );
+    // A late one is also taken by a receive waiting for it.
+    let want = EagerWant {
+        from: 0,
+        context: ContextId(2),
+        tag: Some(9),
+        seq: late + 1,
+        max_len: 0,
+    };
+    assert_eq!(
+        t[1].take_eager(&want, None),
+        Some(EagerTaken {
+            tag: 9,
+            len: 0,
+            data: Bytes::new(),
+        })
+    );
 }
 
 #[tokio::test]
