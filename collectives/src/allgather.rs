@@ -28,16 +28,15 @@
 //! moves the blocks whatever their lengths, so a rank passing a different count to
 //! `all_gather` cannot stall the others: every rank finishes and reports the mismatch.
 
-use std::mem::MaybeUninit;
-
 use bytes::Bytes;
+use rankweave_core::Error;
 use rankweave_core::tuning::AllgatherAlgorithm;
-use rankweave_core::{Error, byte_copy};
 
 use crate::Element;
 use crate::ctx::{Ctx, encode_blocks, to_vec};
 use crate::ctx::{await_all, concat_equal_blocks, decode_expected_blocks, powers_of_two_below};
 use crate::exposure::{self, Announced};
+use crate::filling::Filling;
 
 pub(crate) async fn all_gather<T: Element>(
     cx: Ctx,
@@ -110,104 +109,40 @@ async fn gather_everywhere(
     }
 }
 
-/// The result vector of an `all_gather` by [`direct`] reads, filled block by block: `size`
-/// blocks of `count` elements, in the vector's spare capacity until every one is written (a
-/// zeroed vector would cost a pass over the whole result, a fifth of the time at 1 MiB).
-pub(crate) struct Gathering<T> {
-    result: Vec<T>,
-    count: usize,
-    size: usize,
-    /// Blocks written so far (each once: this rank's at the start, then each peer's).
-    written: usize,
+/// The result of an `all_gather` by [`direct`] reads: `size` blocks with this rank's `own` in
+/// its place (copied at the call: the caller may change it once the call returns).
+pub(crate) fn result_with_own<T: Element>(cx: &Ctx, own: &[T]) -> Filling<T> {
+    let mut result = Filling::new(cx.size, own.len());
+    result.copy_block(cx.rank, own);
+    result
 }
 
-impl<T: Element> Gathering<T> {
-    /// This rank's `own` block in its place (copied at the call: the caller may change it
-    /// once the call returns).
-    pub(crate) fn new(cx: &Ctx, own: &[T]) -> Gathering<T> {
-        let count = own.len();
-        let mut g = Gathering {
-            result: Vec::with_capacity(cx.size * count),
-            count,
-            size: cx.size,
-            written: 0,
-        };
-        let dst = g.block(cx.rank);
-        let src: &[u8] = bytemuck::cast_slice(own);
-        // SAFETY: `dst` is writable for `src.len()` bytes (one block) and, being spare
-        // capacity of a vector borrowed mutably, overlaps nothing `src` borrows.
-        unsafe { byte_copy::copy_raw(dst.as_mut_ptr().cast(), src.as_ptr(), src.len()) };
-        g.written = 1;
-        g
-    }
-
-    /// Block `q` of the spare capacity, as bytes.
-    fn block(&mut self, q: usize) -> &mut [MaybeUninit<u8>] {
-        let bytes = self.count * size_of::<T>();
-        let block = &mut self.result.spare_capacity_mut()[q * self.count..][..self.count];
-        // SAFETY: the block's elements span exactly `bytes` bytes, and `MaybeUninit<u8>` has
-        // no alignment or validity requirement, so any bytes of them may be viewed as it.
-        unsafe { std::slice::from_raw_parts_mut(block.as_mut_ptr().cast(), bytes) }
-    }
-
-    /// This rank's own block, as bytes.
-    fn own(&self, rank: usize) -> &[u8] {
-        let bytes = self.count * size_of::<T>();
-        // SAFETY: block `rank` of the allocation was written in `new` and nothing writes it
-        // since; a `Pod` element's bytes are all initialized.
-        unsafe {
-            std::slice::from_raw_parts(self.result.as_ptr().add(rank * self.count).cast(), bytes)
-        }
-    }
-
-    /// Reads every peer's block from its result vector (at `addrs`).
-    fn read_peers(&mut self, cx: &Ctx, addrs: &[u64]) -> Result<(), Error> {
-        let block_bytes = self.count * size_of::<T>();
-        for q in exposure::peers(cx) {
-            // A bogus announced address is for the kernel to refuse, not a panic here.
-            let at = addrs[q].wrapping_add((q * block_bytes) as u64);
-            cx.comm.read_memory_of_uninit(q, at, self.block(q))?;
-            self.written += 1;
-        }
-        Ok(())
-    }
-
-    /// The whole result, once every block is written.
-    fn finish(mut self) -> Result<Vec<T>, Error> {
-        if self.written != self.size {
-            return Err(Error::Protocol {
-                peer: 0,
-                detail: format!(
-                    "all_gather ended with {} of {} blocks",
-                    self.written, self.size
-                ),
-            });
-        }
-        // SAFETY: every block of the capacity was written (each of the `size` blocks once, as
-        // `written` counts), and any bytes are a valid `Pod` element.
-        unsafe { self.result.set_len(self.size * self.count) };
-        Ok(self.result)
-    }
-}
-
-/// `all_gather` by direct reads into `result`, or, where some rank cannot read the others'
-/// memory, by messages.
-pub(crate) async fn direct<T: Element>(cx: Ctx, mut result: Gathering<T>) -> Result<Vec<T>, Error> {
+/// `all_gather` by direct reads into `result` (from [`result_with_own`]): block q straight from
+/// rank q's result; or, where some rank cannot read the others' memory, by messages.
+pub(crate) async fn direct<T: Element>(cx: Ctx, mut result: Filling<T>) -> Result<Vec<T>, Error> {
+    let (me, count) = (cx.rank, result.count());
     // Zero-sized elements have no bytes to read; one rank has nobody to read from.
     if size_of::<T>() > 0 && cx.size > 1 {
-        match exposure::announce(&cx, result.result.as_ptr() as u64, result.count).await {
+        match exposure::announce(&cx, result.address(), count).await {
             Announced::Exposed(addrs) => {
-                let read = addrs.and_then(|addrs| result.read_peers(&cx, &addrs));
+                let block_bytes = (count * size_of::<T>()) as u64;
+                let read = addrs.and_then(|addrs| {
+                    exposure::peers(&cx).try_for_each(|q| {
+                        // A bogus announced address is for the kernel to refuse.
+                        let at = addrs[q].wrapping_add(q as u64 * block_bytes);
+                        result.read_block(&cx, q, q, at)
+                    })
+                });
                 exposure::done(&cx, read.err()).await?;
                 return result.finish();
             }
             Announced::Declined => {}
         }
     }
-    let own = Bytes::copy_from_slice(result.own(cx.rank));
+    let own = Bytes::copy_from_slice(result.block(me).unwrap_or_default());
     let algorithm = choose_for_equal_counts(&cx, own.len());
     let blocks = gather_everywhere(&cx, algorithm, own).await?;
-    concat_equal_blocks(&blocks, result.count)
+    concat_equal_blocks(&blocks, count)
 }
 
 async fn recursive_doubling(cx: &Ctx, own: Bytes) -> Result<Vec<Bytes>, Error> {

@@ -10,7 +10,18 @@
 //!   rank + s and receives from rank − s (with a power-of-two n, both with rank XOR s, so pairs
 //!   swap). Every block travels once, one partner at a time.
 //!
-//! `all_to_all` uses the `alltoall` override if set, else pairwise from `alltoall_large` bytes
+//! - **Direct reads** (`all_to_all`, ranks that can read each other's memory: one host, shared
+//!   memory): at the call each rank copies its input into a pooled buffer (the caller may change
+//!   it once the call returns) and its own block into its result; it announces the copy's
+//!   address, reads its block of every peer's copy straight into its result (`process_vm_readv`)
+//!   and says when it is done ([`crate::exposure`]). Every block is copied twice, where the
+//!   message algorithms also receive it into a buffer of the transport's and copy it again into
+//!   the result; MPI libraries, which may read the caller's own buffer for as long as the call
+//!   lasts, copy it once. (Copying only the blocks for the others, into a fresh vector, ran 5–10×
+//!   slower from the second size of a run on: the pooled buffer's pages and lines are warm.)
+//!
+//! `all_to_all` uses the `alltoall` override if set, else direct reads from `alltoall_direct`
+//! bytes per block where every rank can make them, else pairwise from `alltoall_large` bytes
 //! per block, else Bruck. `all_to_allv` (lengths differ, so ranks could not agree on a
 //! size-based choice) uses the override if set, else pairwise. Both move blocks whatever their
 //! lengths, so a rank passing a different count to `all_to_all` cannot stall the others: every
@@ -23,6 +34,8 @@ use rankweave_core::tuning::AlltoallAlgorithm;
 use crate::Element;
 use crate::ctx::{Ctx, encode_blocks, to_bytes, to_vec};
 use crate::ctx::{await_all, concat_equal_blocks, decode_expected_blocks, powers_of_two_below};
+use crate::exposure::{self, Announced};
+use crate::filling::Filling;
 
 pub(crate) async fn all_to_all<T: Element>(
     cx: Ctx,
@@ -44,11 +57,23 @@ pub(crate) async fn all_to_all<T: Element>(
     concat_equal_blocks(&received, count)
 }
 
-/// The algorithm of `all_to_all` with blocks of `block_bytes`.
+/// Whether `all_to_all` with blocks of `block_bytes` tries [`direct`] reads (every rank decides
+/// alike: the counts are equal).
+pub(crate) fn is_direct(cx: &Ctx, block_bytes: usize) -> bool {
+    let tuning = &cx.comm.config().collectives;
+    match tuning.alltoall {
+        Some(algorithm) => algorithm == AlltoallAlgorithm::Direct,
+        None => tuning.alltoall_direct > 0 && block_bytes >= tuning.alltoall_direct,
+    }
+}
+
+/// The algorithm that sends the blocks in messages, for `all_to_all` with blocks of
+/// `block_bytes`.
 pub(crate) fn choose(cx: &Ctx, block_bytes: usize) -> AlltoallAlgorithm {
     let tuning = &cx.comm.config().collectives;
     tuning
         .alltoall
+        .filter(|&a| a != AlltoallAlgorithm::Direct)
         .unwrap_or(if block_bytes >= tuning.alltoall_large {
             AlltoallAlgorithm::Pairwise
         } else {
@@ -68,12 +93,10 @@ pub(crate) async fn all_to_allv<T: Element>(
         )));
     }
     let blocks = blocks.iter().map(|block| to_bytes(block)).collect();
-    let algorithm = cx
-        .comm
-        .config()
-        .collectives
-        .alltoall
-        .unwrap_or(AlltoallAlgorithm::Pairwise);
+    let algorithm = match cx.comm.config().collectives.alltoall {
+        Some(AlltoallAlgorithm::Direct) | None => AlltoallAlgorithm::Pairwise,
+        Some(algorithm) => algorithm,
+    };
     let received = exchange(&cx, algorithm, blocks).await?;
     received.iter().map(|block| to_vec(block)).collect()
 }
@@ -89,8 +112,51 @@ async fn exchange(
     }
     match algorithm {
         AlltoallAlgorithm::Bruck => bruck(cx, blocks).await,
-        AlltoallAlgorithm::Pairwise => pairwise(cx, blocks).await,
+        // Not a message algorithm: `choose` and `all_to_allv` never pass it.
+        AlltoallAlgorithm::Pairwise | AlltoallAlgorithm::Direct => pairwise(cx, blocks).await,
     }
+}
+
+/// The result of an `all_to_all` by [`direct`] reads, from the caller's `data` (`size` blocks
+/// of `count`): its own block in place (copied at the call).
+pub(crate) fn direct_result<T: Element>(cx: &Ctx, data: &[T]) -> Filling<T> {
+    let count = data.len() / cx.size;
+    let mut result = Filling::new(cx.size, count);
+    result.copy_block(cx.rank, &data[cx.rank * count..][..count]);
+    result
+}
+
+/// `all_to_all` by direct reads: `input` is this rank's copy of its input (`len` elements, in
+/// `size` blocks; a pooled buffer, whose lines are warm), `result` from [`direct_result`];
+/// block q of the result comes straight from rank q's copy. Where some rank cannot read the
+/// others' memory, by messages.
+pub(crate) async fn direct<T: Element>(
+    cx: Ctx,
+    input: Bytes,
+    len: usize,
+    mut result: Filling<T>,
+) -> Result<Vec<T>, Error> {
+    let (me, count) = (cx.rank, result.count());
+    // Zero-sized elements have no bytes to read; one rank has nobody to read from.
+    if size_of::<T>() > 0 && cx.size > 1 {
+        match exposure::announce(&cx, input.as_ptr() as u64, count).await {
+            Announced::Exposed(addrs) => {
+                let my_block = (me * count * size_of::<T>()) as u64;
+                let read = addrs.and_then(|addrs| {
+                    exposure::peers(&cx).try_for_each(|q| {
+                        // A bogus announced address is for the kernel to refuse.
+                        result.read_block(&cx, q, q, addrs[q].wrapping_add(my_block))
+                    })
+                });
+                exposure::done(&cx, read.err()).await?;
+                // Only now may the input go: every peer has read its block of it.
+                drop(input);
+                return result.finish();
+            }
+            Announced::Declined => {}
+        }
+    }
+    all_to_all(cx, input, len).await
 }
 
 async fn pairwise(cx: &Ctx, blocks: Vec<Bytes>) -> Result<Vec<Bytes>, Error> {

@@ -45,6 +45,7 @@ mod barrier;
 mod broadcast;
 mod ctx;
 mod exposure;
+mod filling;
 mod gather;
 pub mod mcast;
 pub mod op;
@@ -312,7 +313,7 @@ impl Collectives for Communicator {
     fn all_gather<T: Element>(&self, data: &[T]) -> CollectiveOp<Vec<T>> {
         let cx = Ctx::next(self);
         if allgather::is_direct(&cx, size_of_val(data)) {
-            let result = allgather::Gathering::new(&cx, data);
+            let result = allgather::result_with_own(&cx, data);
             return start_in(cx, Ok(()), move |cx| allgather::direct(cx, result));
         }
         if cx.size == 2 && allgather::is_small(&cx, size_of_val(data)) {
@@ -343,6 +344,13 @@ impl Collectives for Communicator {
         };
         let cx = Ctx::next(self);
         let count = data.len() / n;
+        if check.is_ok() && alltoall::is_direct(&cx, count * size_of::<T>()) {
+            let result = alltoall::direct_result(&cx, data);
+            let (len, input) = (data.len(), ctx::to_bytes(data));
+            return start_in(cx, check, move |cx| {
+                alltoall::direct(cx, input, len, result)
+            });
+        }
         if check.is_ok()
             && n == 2
             && alltoall::choose(&cx, count * size_of::<T>()) == AlltoallAlgorithm::Bruck

@@ -525,6 +525,8 @@ fn alltoall_configs() -> Vec<Config> {
     [
         Some(AlltoallAlgorithm::Bruck),
         Some(AlltoallAlgorithm::Pairwise),
+        // Declined alike by in-process ranks, as the direct all-gather (above).
+        Some(AlltoallAlgorithm::Direct),
         None,
     ]
     .into_iter()

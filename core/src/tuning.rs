@@ -7,7 +7,7 @@
 //! | `RANKWEAVE_BCAST` | `auto`, `binomial`, `scatter_allgather`, `chain`, `multicast`, `channels` | `auto` |
 //! | `RANKWEAVE_ALLREDUCE` | `auto`, `recursive_doubling`, `rabenseifner`, `ring`, `direct` | `auto` |
 //! | `RANKWEAVE_ALLGATHER` | `auto`, `recursive_doubling`, `bruck`, `ring`, `direct` | `auto` |
-//! | `RANKWEAVE_ALLTOALL` | `auto`, `bruck`, `pairwise` | `auto` |
+//! | `RANKWEAVE_ALLTOALL` | `auto`, `bruck`, `pairwise`, `direct` | `auto` |
 //! | `RANKWEAVE_BARRIER` | `auto`, `dissemination`, `linear` | `auto` |
 //! | `RANKWEAVE_FLAT_MAX` | ranks | 7: on 3 to this many ranks the barrier is linear and broadcasts go from the root to every rank directly |
 //! | `RANKWEAVE_BCAST_LARGE` | bytes | 12 KiB: scatter + allgather from here (on more than 2 ranks) |
@@ -17,6 +17,7 @@
 //! | `RANKWEAVE_ALLGATHER_LARGE` | bytes (total gathered) | 512 KiB: ring from here |
 //! | `RANKWEAVE_ALLGATHER_DIRECT` | bytes (per rank) | 64 KiB: `all_gather` reads its peers' blocks directly from here, where every rank is local and may (`0`: never) |
 //! | `RANKWEAVE_ALLTOALL_LARGE` | bytes (per destination) | 256 B: pairwise exchange from here |
+//! | `RANKWEAVE_ALLTOALL_DIRECT` | bytes (per destination) | 64 KiB: `all_to_all` reads its blocks directly from the other ranks' inputs from here, where every rank is local and may (`0`: never) |
 //! | `RANKWEAVE_SEGMENT` | bytes | 128 KiB: pipeline segment of the chain broadcast |
 
 use crate::config::{parse_number, parse_size};
@@ -96,6 +97,11 @@ pub enum AlltoallAlgorithm {
     Bruck,
     /// Pairwise exchange: n − 1 steps, each with one partner. Best for large blocks.
     Pairwise,
+    /// Direct reads (`all_to_all` only; `all_to_allv` takes pairwise exchange): every rank
+    /// reads its block from each peer's copy of its input straight into its result, where
+    /// every rank of the communicator can read the others' memory (ranks of one host over
+    /// shared memory); elsewhere the automatic choice among the others.
+    Direct,
 }
 
 /// Algorithm choices and thresholds of the collectives (see the [module docs](self)).
@@ -147,6 +153,10 @@ pub struct CollectiveTuning {
     /// `RANKWEAVE_ALLTOALL_LARGE`: alltoalls with blocks of at least this many bytes use
     /// pairwise exchange.
     pub alltoall_large: usize,
+    /// `RANKWEAVE_ALLTOALL_DIRECT`: `all_to_all`s with blocks of at least this many bytes use
+    /// [direct reads](AlltoallAlgorithm::Direct) where every rank can read the others'
+    /// memory; `0` never does.
+    pub alltoall_direct: usize,
     /// `RANKWEAVE_SEGMENT`: segment size of pipelined algorithms (the chain broadcast).
     pub segment: usize,
 }
@@ -168,6 +178,7 @@ impl Default for CollectiveTuning {
             allgather_large: 512 * 1024,
             allgather_direct: 64 * 1024,
             alltoall_large: 256,
+            alltoall_direct: 64 * 1024,
             segment: 128 * 1024,
         }
     }
@@ -254,10 +265,14 @@ impl CollectiveTuning {
             self.alltoall = choice(
                 "RANKWEAVE_ALLTOALL",
                 &v,
-                &[("bruck", A::Bruck), ("pairwise", A::Pairwise)],
+                &[
+                    ("bruck", A::Bruck),
+                    ("pairwise", A::Pairwise),
+                    ("direct", A::Direct),
+                ],
             )?;
         }
-        let sizes: [(&str, &mut usize); 8] = [
+        let sizes: [(&str, &mut usize); 9] = [
             ("RANKWEAVE_BCAST_LARGE", &mut self.bcast_large),
             ("RANKWEAVE_BCAST_CHAIN", &mut self.bcast_chain),
             ("RANKWEAVE_ALLREDUCE_LARGE", &mut self.allreduce_large),
@@ -265,6 +280,7 @@ impl CollectiveTuning {
             ("RANKWEAVE_ALLGATHER_LARGE", &mut self.allgather_large),
             ("RANKWEAVE_ALLGATHER_DIRECT", &mut self.allgather_direct),
             ("RANKWEAVE_ALLTOALL_LARGE", &mut self.alltoall_large),
+            ("RANKWEAVE_ALLTOALL_DIRECT", &mut self.alltoall_direct),
             ("RANKWEAVE_SEGMENT", &mut self.segment),
         ];
         for (name, field) in sizes {
@@ -342,6 +358,14 @@ mod tests {
         assert_eq!(t.allgather, Some(AllgatherAlgorithm::Direct));
         assert_eq!(t.allgather_direct, 1 << 20);
         assert_eq!(CollectiveTuning::default().allgather_direct, 64 * 1024);
+        let t = with(&[
+            ("RANKWEAVE_ALLTOALL", "direct"),
+            ("RANKWEAVE_ALLTOALL_DIRECT", "0"),
+        ])
+        .unwrap();
+        assert_eq!(t.alltoall, Some(AlltoallAlgorithm::Direct));
+        assert_eq!(t.alltoall_direct, 0);
+        assert_eq!(CollectiveTuning::default().alltoall_direct, 64 * 1024);
     }
 
     #[test]
