@@ -11,14 +11,13 @@
 //!   swap). Every block travels once, one partner at a time.
 //!
 //! - **Direct reads** (`all_to_all`, ranks that can read each other's memory: one host, shared
-//!   memory): at the call each rank copies its input into a pooled buffer (the caller may change
-//!   it once the call returns) and its own block into its result; it announces the copy's
-//!   address, reads its block of every peer's copy straight into its result (`process_vm_readv`)
-//!   and says when it is done ([`crate::exposure`]). Every block is copied twice, where the
-//!   message algorithms also receive it into a buffer of the transport's and copy it again into
-//!   the result; MPI libraries, which may read the caller's own buffer for as long as the call
-//!   lasts, copy it once. (Copying only the blocks for the others, into a fresh vector, ran 5–10×
-//!   slower from the second size of a run on: the pooled buffer's pages and lines are warm.)
+//!   memory): at the call each rank copies its blocks for the others into a pooled buffer (the
+//!   caller may change its input once the call returns) and its own block into its result; it
+//!   announces the copy's address, reads its block of every peer's copy straight into its
+//!   result (`process_vm_readv`) and says when it is done ([`crate::exposure`]). Every block is
+//!   copied twice, where the message algorithms also receive it into a buffer of the
+//!   transport's and copy it again into the result; MPI libraries, which may read the caller's
+//!   own buffer for as long as the call lasts, copy it once.
 //!
 //! `all_to_all` uses the `alltoall` override if set, else direct reads from `alltoall_direct`
 //! bytes per block where every rank can make them, else pairwise from `alltoall_large` bytes
@@ -29,6 +28,7 @@
 
 use bytes::Bytes;
 use rankweave_core::Error;
+use rankweave_core::buffer_pool::BufferPool;
 use rankweave_core::tuning::AlltoallAlgorithm;
 
 use crate::Element;
@@ -126,26 +126,62 @@ pub(crate) fn direct_result<T: Element>(cx: &Ctx, data: &[T]) -> Filling<T> {
     result
 }
 
-/// `all_to_all` by direct reads: `input` is this rank's copy of its input (`len` elements, in
-/// `size` blocks; a pooled buffer, whose lines are warm), `result` from [`direct_result`];
-/// block q of the result comes straight from rank q's copy. Where some rank cannot read the
-/// others' memory, by messages.
+/// What an `all_to_all` by [`direct`] reads keeps of the caller's input, in a pooled buffer
+/// (its lines are warm; a fresh vector each call ran 5–10× slower).
+pub(crate) enum DirectInput {
+    /// Only the blocks for the other ranks, in rank order (this rank's own is in the result):
+    /// what the peers read from, made where this rank can read every other's memory.
+    ForPeers(Bytes),
+    /// Every block: this rank cannot read some peer's memory, so the direct reads will be
+    /// declined and the blocks go in messages.
+    Whole(Bytes),
+}
+
+impl DirectInput {
+    /// The copy of `data` (`size` blocks) that an `all_to_all` by direct reads keeps.
+    pub(crate) fn new<T: Element>(cx: &Ctx, data: &[T]) -> DirectInput {
+        let able = exposure::peers(cx).all(|q| cx.comm.can_read_memory_of(q));
+        if !able {
+            return DirectInput::Whole(to_bytes(data));
+        }
+        let count = data.len() / cx.size;
+        let (before, rest) = data.split_at(cx.rank * count);
+        let after = &rest[count.min(rest.len())..];
+        let parts: [&[u8]; 2] = [bytemuck::cast_slice(before), bytemuck::cast_slice(after)];
+        DirectInput::ForPeers(BufferPool::shared().concat(&parts))
+    }
+}
+
+/// Where block `to` sits in rank `from`'s [`DirectInput::ForPeers`]: the blocks for the other
+/// ranks in rank order, `from`'s own left out.
+fn index_for(from: usize, to: usize) -> usize {
+    if to < from { to } else { to - 1 }
+}
+
+/// `all_to_all` by direct reads: `input` from [`DirectInput::new`], `result` from
+/// [`direct_result`]; block q of the result comes straight from rank q's copy. Where some rank
+/// cannot read the others' memory, by messages.
 pub(crate) async fn direct<T: Element>(
     cx: Ctx,
-    input: Bytes,
-    len: usize,
+    input: DirectInput,
     mut result: Filling<T>,
 ) -> Result<Vec<T>, Error> {
-    let (me, count) = (cx.rank, result.count());
+    let (n, me, count) = (cx.size, cx.rank, result.count());
+    let block_bytes = count * size_of::<T>();
+    let exposed = match &input {
+        DirectInput::ForPeers(bytes) | DirectInput::Whole(bytes) => bytes.as_ptr() as u64,
+    };
     // Zero-sized elements have no bytes to read; one rank has nobody to read from.
-    if size_of::<T>() > 0 && cx.size > 1 {
-        match exposure::announce(&cx, input.as_ptr() as u64, count).await {
+    if size_of::<T>() > 0 && n > 1 {
+        match exposure::announce(&cx, exposed, count).await {
             Announced::Exposed(addrs) => {
-                let my_block = (me * count * size_of::<T>()) as u64;
+                // Every rank could read every other's memory (or this one would have said it
+                // could not): each kept only the blocks for its peers.
                 let read = addrs.and_then(|addrs| {
                     exposure::peers(&cx).try_for_each(|q| {
+                        let at = (index_for(q, me) * block_bytes) as u64;
                         // A bogus announced address is for the kernel to refuse.
-                        result.read_block(&cx, q, q, addrs[q].wrapping_add(my_block))
+                        result.read_block(&cx, q, q, addrs[q].wrapping_add(at))
                     })
                 });
                 exposure::done(&cx, read.err()).await?;
@@ -156,7 +192,23 @@ pub(crate) async fn direct<T: Element>(
             Announced::Declined => {}
         }
     }
-    all_to_all(cx, input, len).await
+    let blocks = match input {
+        DirectInput::Whole(bytes) => (0..n)
+            .map(|r| bytes.slice(r * block_bytes..(r + 1) * block_bytes))
+            .collect(),
+        DirectInput::ForPeers(bytes) => (0..n)
+            .map(|r| {
+                if r == me {
+                    Bytes::copy_from_slice(result.block(me).unwrap_or_default())
+                } else {
+                    let at = index_for(me, r) * block_bytes;
+                    bytes.slice(at..at + block_bytes)
+                }
+            })
+            .collect(),
+    };
+    let received = exchange(&cx, choose(&cx, block_bytes), blocks).await?;
+    concat_equal_blocks(&received, count)
 }
 
 async fn pairwise(cx: &Ctx, blocks: Vec<Bytes>) -> Result<Vec<Bytes>, Error> {

@@ -346,10 +346,8 @@ impl Collectives for Communicator {
         let count = data.len() / n;
         if check.is_ok() && alltoall::is_direct(&cx, count * size_of::<T>()) {
             let result = alltoall::direct_result(&cx, data);
-            let (len, input) = (data.len(), ctx::to_bytes(data));
-            return start_in(cx, check, move |cx| {
-                alltoall::direct(cx, input, len, result)
-            });
+            let input = alltoall::DirectInput::new(&cx, data);
+            return start_in(cx, check, move |cx| alltoall::direct(cx, input, result));
         }
         if check.is_ok()
             && n == 2
