@@ -7,10 +7,6 @@
 //!   rounds, then the blocks are rotated into rank order.
 //! - **Ring**: n − 1 steps; in each, a rank passes the block it received in the step before to
 //!   its successor. Every link carries each block once: best for large blocks.
-//!
-//! Recursive doubling and Bruck frame their messages as blocks tagged with ranks
-//! ([`encode_blocks`]); a ring message is one plain block whose rank is implied by the step.
-//!
 //! - **Direct reads** (`all_gather`, ranks that can read each other's memory: one host, shared
 //!   memory): each rank copies its block into its place in the result vector at the call and
 //!   announces the vector's address; then each reads every peer's block straight from the peer's
@@ -19,6 +15,9 @@
 //!   as MPI libraries do with cross-memory attach — where the message algorithms copy the input
 //!   into a message, receive each block into a buffer of the transport's and copy every block
 //!   again into the result.
+//!
+//! Recursive doubling and Bruck frame their messages as blocks tagged with ranks
+//! ([`encode_blocks`]); a ring message is one plain block whose rank is implied by the step.
 //!
 //! `all_gather` (equal counts) uses the `allgather` override if set (recursive doubling falls
 //! back to Bruck when n is not a power of two), else direct reads from `allgather_direct` bytes
@@ -130,7 +129,7 @@ pub(crate) async fn direct<T: Element>(cx: Ctx, mut result: Filling<T>) -> Resul
                     exposure::peers(&cx).try_for_each(|q| {
                         // A bogus announced address is for the kernel to refuse.
                         let at = addrs[q].wrapping_add(q as u64 * block_bytes);
-                        result.read_block(&cx, q, q, at)
+                        result.read_block(&cx, q, at)
                     })
                 });
                 exposure::done(&cx, read.err()).await?;

@@ -181,7 +181,7 @@ pub(crate) async fn direct<T: Element>(
                     exposure::peers(&cx).try_for_each(|q| {
                         let at = (index_for(q, me) * block_bytes) as u64;
                         // A bogus announced address is for the kernel to refuse.
-                        result.read_block(&cx, q, q, addrs[q].wrapping_add(at))
+                        result.read_block(&cx, q, addrs[q].wrapping_add(at))
                     })
                 });
                 exposure::done(&cx, read.err()).await?;

@@ -64,16 +64,9 @@ impl<T: Element> Filling<T> {
         self.written[q] = true;
     }
 
-    /// Reads block `q` from `addr` in `rank`'s memory.
-    pub(crate) fn read_block(
-        &mut self,
-        cx: &Ctx,
-        q: usize,
-        rank: usize,
-        addr: u64,
-    ) -> Result<(), Error> {
-        cx.comm
-            .read_memory_of_uninit(rank, addr, self.block_mut(q))?;
+    /// Reads block `q` from `addr` in rank `q`'s memory.
+    pub(crate) fn read_block(&mut self, cx: &Ctx, q: usize, addr: u64) -> Result<(), Error> {
+        cx.comm.read_memory_of_uninit(q, addr, self.block_mut(q))?;
         self.written[q] = true;
         Ok(())
     }
