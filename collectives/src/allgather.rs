@@ -34,7 +34,7 @@ use rankweave_core::tuning::AllgatherAlgorithm;
 use crate::Element;
 use crate::ctx::{Ctx, encode_blocks, to_vec};
 use crate::ctx::{await_all, concat_equal_blocks, decode_expected_blocks, powers_of_two_below};
-use crate::exposure::{self, Announced};
+use crate::exposure;
 use crate::filling::Filling;
 
 pub(crate) async fn all_gather<T: Element>(
@@ -122,20 +122,12 @@ pub(crate) async fn direct<T: Element>(cx: Ctx, mut result: Filling<T>) -> Resul
     let (me, count) = (cx.rank, result.count());
     // Zero-sized elements have no bytes to read; one rank has nobody to read from.
     if size_of::<T>() > 0 && cx.size > 1 {
-        match exposure::announce(&cx, result.address(), count).await {
-            Announced::Exposed(addrs) => {
-                let block_bytes = (count * size_of::<T>()) as u64;
-                let read = addrs.and_then(|addrs| {
-                    exposure::peers(&cx).try_for_each(|q| {
-                        // A bogus announced address is for the kernel to refuse.
-                        let at = addrs[q].wrapping_add(q as u64 * block_bytes);
-                        result.read_block(&cx, q, at)
-                    })
-                });
-                exposure::done(&cx, read.err()).await?;
-                return result.finish();
-            }
-            Announced::Declined => {}
+        let block_bytes = (count * size_of::<T>()) as u64;
+        let at = |q: usize| q as u64 * block_bytes;
+        if let Some(read) =
+            exposure::read_blocks(&cx, result.address(), count, &mut result, at).await
+        {
+            return read.and_then(|()| result.finish());
         }
     }
     let own = Bytes::copy_from_slice(result.block(me).unwrap_or_default());

@@ -34,7 +34,7 @@ use rankweave_core::tuning::AlltoallAlgorithm;
 use crate::Element;
 use crate::ctx::{Ctx, encode_blocks, to_bytes, to_vec};
 use crate::ctx::{await_all, concat_equal_blocks, decode_expected_blocks, powers_of_two_below};
-use crate::exposure::{self, Announced};
+use crate::exposure;
 use crate::filling::Filling;
 
 pub(crate) async fn all_to_all<T: Element>(
@@ -173,23 +173,13 @@ pub(crate) async fn direct<T: Element>(
     };
     // Zero-sized elements have no bytes to read; one rank has nobody to read from.
     if size_of::<T>() > 0 && n > 1 {
-        match exposure::announce(&cx, exposed, count).await {
-            Announced::Exposed(addrs) => {
-                // Every rank could read every other's memory (or this one would have said it
-                // could not): each kept only the blocks for its peers.
-                let read = addrs.and_then(|addrs| {
-                    exposure::peers(&cx).try_for_each(|q| {
-                        let at = (index_for(q, me) * block_bytes) as u64;
-                        // A bogus announced address is for the kernel to refuse.
-                        result.read_block(&cx, q, addrs[q].wrapping_add(at))
-                    })
-                });
-                exposure::done(&cx, read.err()).await?;
-                // Only now may the input go: every peer has read its block of it.
-                drop(input);
-                return result.finish();
-            }
-            Announced::Declined => {}
+        // Every rank could read every other's memory (or this one would have said it could
+        // not): each kept only the blocks for its peers.
+        let at = |q: usize| (index_for(q, me) * block_bytes) as u64;
+        if let Some(read) = exposure::read_blocks(&cx, exposed, count, &mut result, at).await {
+            // Only now may the input go: every peer has read its block of it.
+            drop(input);
+            return read.and_then(|()| result.finish());
         }
     }
     let blocks = match input {

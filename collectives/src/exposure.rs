@@ -16,13 +16,15 @@
 use bytes::{BufMut, Bytes, BytesMut};
 use rankweave_core::Error;
 
+use crate::Element;
 use crate::ctx::{Ctx, length_mismatch};
+use crate::filling::Filling;
 
 /// An announcement: the buffer's address (u64 LE), its length in elements (u64 LE), and 1 if
 /// the sender can read every other rank's memory, else 0.
 const ANNOUNCEMENT: usize = 17;
 
-pub(crate) fn announcement(addr: u64, len: usize, able: bool) -> Bytes {
+fn announcement(addr: u64, len: usize, able: bool) -> Bytes {
     let mut b = BytesMut::with_capacity(ANNOUNCEMENT);
     b.put_u64_le(addr);
     b.put_u64_le(len as u64);
@@ -31,7 +33,7 @@ pub(crate) fn announcement(addr: u64, len: usize, able: bool) -> Bytes {
 }
 
 /// An announcement from `from`: (address, length, able). Anything else is [`Error::Protocol`].
-pub(crate) fn parse(from: usize, m: &[u8]) -> Result<(u64, usize, bool), Error> {
+fn parse(from: usize, m: &[u8]) -> Result<(u64, usize, bool), Error> {
     let bad = || Error::Protocol {
         peer: from,
         detail: format!("malformed direct-read announcement ({} bytes)", m.len()),
@@ -116,6 +118,27 @@ pub(crate) async fn done(cx: &Ctx, failure: Option<Error>) -> Result<(), Error> 
         }
     }
     failure.map_or(Ok(()), Err)
+}
+
+/// Steps 1–3 for the algorithms whose reads are one block from each peer into `result`:
+/// exposes `len` elements at `addr`, reads block q of `result` from `addr_q + offset(q)` in
+/// rank q's memory, and says done. `None` if the ranks declined (nothing read, `result` as it
+/// was); otherwise whether this rank's part succeeded, after every peer is done with `addr`.
+pub(crate) async fn read_blocks<T: Element>(
+    cx: &Ctx,
+    addr: u64,
+    len: usize,
+    result: &mut Filling<T>,
+    offset: impl Fn(usize) -> u64,
+) -> Option<Result<(), Error>> {
+    let Announced::Exposed(addrs) = announce(cx, addr, len).await else {
+        return None;
+    };
+    let read = addrs.and_then(|addrs| {
+        // A bogus announced address is for the kernel to refuse.
+        peers(cx).try_for_each(|q| result.read_block(cx, q, addrs[q].wrapping_add(offset(q))))
+    });
+    Some(done(cx, read.err()).await)
 }
 
 #[cfg(test)]

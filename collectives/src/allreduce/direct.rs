@@ -4,10 +4,9 @@
 //! The vector is cut into n nearly equal blocks; rank r owns block r. Three rounds of small
 //! messages, each rank to every other, order the reads:
 //!
-//! 1. **Announce.** Each rank sends the address and length of its vector, and whether it can
-//!    read every other rank's memory. Every rank then knows the same things: if some rank
-//!    cannot, they all decline, having read nothing, and the caller runs another algorithm; if
-//!    the lengths differ, they all fail.
+//! 1. **Announce** its vector (see [`crate::exposure`]): if some rank cannot read every other
+//!    rank's memory, they all decline, having read nothing, and the caller runs another
+//!    algorithm; if the lengths differ, they all fail.
 //! 2. **Reduce, then ready.** Each rank reads block r of every other vector (in pieces of
 //!    [`PIECE`] bytes, which stay in cache) and combines it into block r of its own, then tells
 //!    everyone its block is final. Nobody else reads block r of this rank's vector, so it can
@@ -30,8 +29,7 @@
 use rankweave_core::{Error, byte_copy};
 
 use crate::Element;
-use crate::ctx::length_mismatch;
-use crate::exposure::{announcement, parse};
+use crate::exposure::{self, Announced};
 use crate::reduce::{Reduction, block, even_bounds};
 
 /// Bytes read from a peer at a time while reducing: a piece is combined while it is in cache,
@@ -59,39 +57,17 @@ pub(crate) async fn direct<T: Element>(
     }
     let cx = reduction.ctx().clone();
     let (n, me) = (cx.size, cx.rank);
-    // From the next rank on, so that not every rank reads from rank 0 first.
-    let peers = move || (1..n).map(move |k| (me + k) % n);
+    let peers = || exposure::peers(&cx);
 
     // 1. Announce.
-    let able = peers().all(|q| cx.comm.can_read_memory_of(q));
-    let mine = announcement(data.as_ptr() as u64, data.len(), able);
-    let arriving: Vec<_> = peers()
-        .map(|q| (q, cx.comm.collective_recv(q, cx.tag)))
-        .collect();
-    let sent: Vec<_> = peers().map(|q| cx.send(q, mine.clone())).collect();
-    let mut addrs = vec![0u64; n];
-    let mut everyone_able = able;
-    for (q, recv) in arriving {
-        let heard = recv.await.and_then(|m| parse(q, &m.into_data()));
-        match heard {
-            Ok((_, len, _)) if len != data.len() => {
-                reduction.fail(length_mismatch(q, data.len(), len))
-            }
-            Ok((addr, _, able)) => {
-                addrs[q] = addr;
-                everyone_able &= able;
-            }
-            Err(e) => reduction.fail(e),
-        }
-    }
-    for s in sent {
-        if let Err(e) = s.await {
+    let addrs = match exposure::announce(&cx, data.as_ptr() as u64, data.len()).await {
+        Announced::Declined => return Ok(Outcome::Declined(data)),
+        Announced::Exposed(Ok(addrs)) => addrs,
+        Announced::Exposed(Err(e)) => {
             reduction.fail(e);
+            vec![0; n]
         }
-    }
-    if !everyone_able && !reduction.has_failed() {
-        return Ok(Outcome::Declined(data));
-    }
+    };
 
     // 2. Reduce this rank's block, then say it is ready.
     let bounds = even_bounds(data.len(), n);
