@@ -11,6 +11,7 @@ mod plot;
 mod report;
 mod run;
 mod startup;
+mod targets;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

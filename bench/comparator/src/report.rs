@@ -8,6 +8,7 @@ use std::time::Duration;
 use crate::osu;
 use crate::plot;
 use crate::run::{Config, Gaps, Impl, Plan, Probes, Samples};
+use crate::targets;
 
 /// Median, min and max of one size's samples.
 #[derive(Clone, Copy, Debug)]
@@ -78,7 +79,7 @@ fn machine() -> String {
     format!("{} · {cores} vCPUs · {}", cpu, shell("uname", &["-srm"]))
 }
 
-fn size_label(size: u64) -> String {
+pub fn size_label(size: u64) -> String {
     match size {
         s if s >= 1 << 20 && s % (1 << 20) == 0 => format!("{} MiB", s >> 20),
         s if s >= 1 << 10 && s % (1 << 10) == 0 => format!("{} KiB", s >> 10),
@@ -240,6 +241,17 @@ fn markdown(plan: &Plan, run: &Run<'_>, plots: &[String], image_prefix: &str) ->
     let _ = writeln!(s, "| took | {:.0?} |", elapsed);
     let _ = writeln!(s, "| placement probe | {} |\n", probe_summary(probes));
 
+    let targets = targets::table(samples);
+    if !targets.is_empty() {
+        let _ = writeln!(s, "### Targets\n");
+        let _ = writeln!(
+            s,
+            "The cells the shared-memory and collectives issues set targets for, judged as in the \
+             summary below (ratios: medians over the rounds of each round's ratio to the better \
+             MPI; absolute targets: rankweave's median).\n"
+        );
+        let _ = writeln!(s, "{targets}");
+    }
     let _ = writeln!(s, "### Summary: rankweave against the better MPI\n");
     let _ = writeln!(
         s,
@@ -340,7 +352,7 @@ fn probe_summary(probes: &Probes) -> String {
 }
 
 /// size → ratio, where rankweave and at least one MPI have numbers.
-fn ratios(samples: &Samples, config: Config, bench: &str) -> Option<BTreeMap<u64, f64>> {
+pub fn ratios(samples: &Samples, config: Config, bench: &str) -> Option<BTreeMap<u64, f64>> {
     let get = |imp| samples.get(&(config, bench.to_string(), imp));
     let rw = get(Impl::Rankweave)?;
     let mut out = BTreeMap::new();
