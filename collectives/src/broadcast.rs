@@ -32,12 +32,15 @@
 //!   once. Best for very large messages.
 
 use std::collections::VecDeque;
+use std::future::Future;
 use std::ops::Range;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
 
 use bytes::{Buf, Bytes};
 use rankweave_core::buffer_pool::BufferPool;
 use rankweave_core::tuning::BcastAlgorithm;
-use rankweave_core::{Error, SendOp, byte_copy};
+use rankweave_core::{Communicator, Error, SendOp, byte_copy};
 
 use crate::CollectiveOp;
 use crate::ctx::{Ctx, await_all, keep_pending};
@@ -84,15 +87,32 @@ pub(crate) async fn run(cx: Ctx, root: usize, data: Bytes) -> Result<Bytes, Erro
             return Err(e);
         }
     };
+    let result = deliver(&cx, &tree, root, header, message, data, &mut sends).await;
+    await_all(sends).await?;
+    result
+}
+
+/// What a rank does once it knows the `header` (from `message`, or at the root its own, with
+/// its `data`): receives and forwards the data as the algorithm says; sends still pending go
+/// to `sends`.
+async fn deliver(
+    cx: &Ctx,
+    tree: &BinomialTree,
+    root: usize,
+    header: Header,
+    mut message: Bytes,
+    data: Option<Bytes>,
+    sends: &mut Vec<SendOp>,
+) -> Result<Bytes, Error> {
     let len = header.len;
-    let result = match header.algorithm {
+    match header.algorithm {
         BcastAlgorithm::Binomial if header.separate => {
             // Down the tree, or straight from the root (`Fanout::flat` with every rank a child
             // of the root).
             let body_fan = if header.from_root {
-                Fanout::flat(&tree)
+                Fanout::flat(tree)
             } else {
-                Fanout::tree(&tree)
+                Fanout::tree(tree)
             };
             let body = match (data, body_fan.from) {
                 (Some(data), _) => Ok(data),
@@ -108,8 +128,8 @@ pub(crate) async fn run(cx: Ctx, root: usize, data: Bytes) -> Result<Bytes, Erro
             // them checks it too. If none came here (the parent failed), an empty one: it
             // fails their check, as the announced length is never 0 with data apart.
             let forwarded = body.as_ref().map_or_else(|_| Bytes::new(), Bytes::clone);
-            for child in body_fan.to(&tree) {
-                keep_pending(&mut sends, cx.send(child, forwarded.clone()));
+            for child in body_fan.to(tree) {
+                keep_pending(sends, cx.send(child, forwarded.clone()));
             }
             body.and_then(|body| check_body(body_fan.from.unwrap_or(root), body, len))
         }
@@ -125,15 +145,88 @@ pub(crate) async fn run(cx: Ctx, root: usize, data: Bytes) -> Result<Bytes, Erro
         // Boxed: their state would otherwise make every broadcast's future (allocated per
         // call) over a kilobyte, out of the allocator's fast per-thread cache; for the large
         // messages they serve, one more allocation is noise.
-        BcastAlgorithm::ScatterAllgather => {
-            Box::pin(scatter_allgather(&cx, &tree, len, data)).await
-        }
-        BcastAlgorithm::Chain => Box::pin(chain(&cx, &tree, len, data)).await,
+        BcastAlgorithm::ScatterAllgather => Box::pin(scatter_allgather(cx, tree, len, data)).await,
+        BcastAlgorithm::Chain => Box::pin(chain(cx, tree, len, data)).await,
         BcastAlgorithm::Multicast | BcastAlgorithm::Channels => Err(Error::Protocol {
             peer: root,
             detail: "a point-to-point broadcast header named a multicast algorithm".into(),
         }),
-    };
+    }
+}
+
+/// A broadcast on two ranks, with no [`Ctx`], tree or future in the usual case — a small one
+/// that goes out in one message with the one-byte header. The root sends it at the call (a
+/// [`root_at_once`] without the tree); the other rank posts its receive and looks once (with
+/// the spin burst of any first look), and when the message is there — the usual case, the root
+/// being a send ahead — takes the data out of it at the call, as a point-to-point receive
+/// would. A message not there yet is left to a task, as any collective's part (so it is taken
+/// whether or not the caller polls); a header that announces more (the data apart, another
+/// algorithm) goes on as [`run`] would from its first message. `Err(data)` where the root's
+/// part is not such a broadcast (the caller runs it as usual).
+pub(crate) fn of_two(
+    comm: &Communicator,
+    root: usize,
+    data: Bytes,
+) -> Result<CollectiveOp<Bytes>, Bytes> {
+    let me = comm.rank();
+    if root == me {
+        let tuning = &comm.config().collectives;
+        let header = Header::new(BcastAlgorithm::Binomial, data.len(), true);
+        if !tuning.bcast.is_none_or(|a| a == BcastAlgorithm::Binomial) || !header.carries_data() {
+            return Err(data);
+        }
+        let tag = comm.next_collective();
+        let head = header.encode();
+        let sent = comm.collective_send_parts(1 - me, tag, &[&head[..header.encoded_len()], &data]);
+        if sent.is_complete() {
+            return Ok(CollectiveOp::finished(me, Ok(data)));
+        }
+        return Ok(CollectiveOp::start(me, async move {
+            sent.await?;
+            Ok(data)
+        }));
+    }
+    let tag = comm.next_collective();
+    let mut recv = comm.collective_recv(root, tag);
+    let mut look = Context::from_waker(Waker::noop());
+    Ok(match Pin::new(&mut recv).poll(&mut look) {
+        Poll::Ready(Ok(message)) => match compact_body(message.into_data()) {
+            Ok(body) => CollectiveOp::finished(me, Ok(body)),
+            Err(message) => {
+                CollectiveOp::start(me, from_first(Ctx::with_tag(comm, tag), root, message))
+            }
+        },
+        Poll::Ready(Err(e)) => CollectiveOp::finished(me, Err(e)),
+        Poll::Pending => {
+            let comm = comm.clone();
+            CollectiveOp::start(me, async move {
+                let message = recv.await?.into_data();
+                match compact_body(message) {
+                    Ok(body) => Ok(body),
+                    Err(message) => from_first(Ctx::with_tag(&comm, tag), root, message).await,
+                }
+            })
+        }
+    })
+}
+
+/// The data of a first message with the one-byte header, or the message if it has another.
+fn compact_body(mut message: Bytes) -> Result<Bytes, Bytes> {
+    if message.first() != Some(&COMPACT) || message.len() > SEPARATE_FROM {
+        return Err(message);
+    }
+    // Advanced, not sliced (see `deliver`).
+    message.advance(1);
+    Ok(message)
+}
+
+/// A leaf's part from its first `message` (from the root, whose child it is) on: what [`run`]
+/// does once that message is in.
+async fn from_first(cx: Ctx, root: usize, message: Bytes) -> Result<Bytes, Error> {
+    let header = Header::decode(root, &message)?;
+    let tree = BinomialTree::new(&cx, root);
+    let mut sends = Vec::new();
+    let result = deliver(&cx, &tree, root, header, message, None, &mut sends).await;
     await_all(sends).await?;
     result
 }

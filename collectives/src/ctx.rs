@@ -19,8 +19,13 @@ pub(crate) struct Ctx {
 impl Ctx {
     /// The context of the next collective on `comm` (takes its sequence number).
     pub fn next(comm: &Communicator) -> Ctx {
+        Ctx::with_tag(comm, comm.next_collective())
+    }
+
+    /// The context of the collective on `comm` whose sequence number `tag` was taken already.
+    pub fn with_tag(comm: &Communicator, tag: u32) -> Ctx {
         Ctx {
-            tag: comm.next_collective(),
+            tag,
             rank: comm.rank(),
             size: comm.size(),
             comm: comm.clone(),

@@ -209,6 +209,14 @@ impl Collectives for Communicator {
                 engine.broadcast(root, (root == me).then_some(data))
             });
         }
+        let data = if self.size() == 2 && root < 2 {
+            match broadcast::of_two(self, root, data) {
+                Ok(op) => return op,
+                Err(data) => data,
+            }
+        } else {
+            data
+        };
         let cx = Ctx::next(self);
         let check = ctx::check_root(root, cx.size);
         let data = if check.is_ok() && root == cx.rank {

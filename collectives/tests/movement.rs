@@ -184,6 +184,96 @@ async fn broadcast_of_a_megabyte() {
     }
 }
 
+/// Two ranks take their own path (the root sends at the call; the other rank takes a message
+/// already there at the call, or leaves it to a task): every size and algorithm, the root
+/// first or the other rank first, over in-process hand-off and shared memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_rank_broadcasts_whichever_rank_comes_first() {
+    use rankweave_collectives::SEPARATE_FROM;
+    use rankweave_core::TransportKind;
+    let lens = [
+        0,
+        1,
+        8,
+        SEPARATE_FROM - 2,
+        SEPARATE_FROM - 1,
+        SEPARATE_FROM,
+        300_000,
+    ];
+    for transport in [TransportKind::Inproc, TransportKind::Shm] {
+        for algorithm in [
+            None,
+            Some(BcastAlgorithm::ScatterAllgather),
+            Some(BcastAlgorithm::Chain),
+        ] {
+            let mut config = tuned(|t| {
+                t.bcast = algorithm;
+                t.segment = 4096;
+            });
+            config.transport = transport;
+            for late in [0, 1] {
+                let got = job(2, &config, move |comm| async move {
+                    let mut out = Vec::new();
+                    for (i, &len) in lens.iter().enumerate() {
+                        let root = i % 2;
+                        if comm.rank() == late {
+                            tokio::time::sleep(Duration::from_millis(5)).await;
+                        }
+                        let data = if comm.rank() == root {
+                            pattern(len, root)
+                        } else {
+                            Bytes::from_static(b"ignored")
+                        };
+                        out.push(comm.broadcast(root, data).await?);
+                    }
+                    Ok::<_, Error>(out)
+                })
+                .await;
+                for (rank, got) in got.into_iter().enumerate() {
+                    let got = got.unwrap_or_else(|e| panic!("{transport:?} {algorithm:?}: {e}"));
+                    for (i, (&len, data)) in lens.iter().zip(got).enumerate() {
+                        assert!(
+                            data == pattern(len, i % 2),
+                            "{transport:?} {algorithm:?} late {late} rank {rank} len {len}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The non-root of a two-rank broadcast that starts it before the data is there and then does
+/// not poll it for a long time: its part still runs (the root, sending a message past the eager
+/// limit, finishes long before), and the data is there when it looks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_polling_leaf_of_two_does_not_hold_up_the_root() {
+    let late = Duration::from_millis(1500);
+    let config = tuned(|_| {});
+    let times = job(2, &config, move |comm| async move {
+        let t0 = std::time::Instant::now();
+        let data = pattern(100_000, 0);
+        if comm.rank() == 0 {
+            // The other rank's broadcast is started (and not polled) by now.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            comm.broadcast(0, data).await?;
+        } else {
+            let op = comm.broadcast(0, Bytes::new());
+            tokio::time::sleep(late).await;
+            assert!(op.await? == data);
+        }
+        Ok::<_, Error>(t0.elapsed())
+    })
+    .await;
+    let times: Vec<Duration> = times.into_iter().map(Result::unwrap).collect();
+    assert!(times[1] >= late);
+    assert!(
+        times[0] < late / 3,
+        "the root waited {:?} for the other rank to look",
+        times[0]
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn broadcast_rejects_an_invalid_root() {
     let got = job(4, &Config::default(), |comm| async move {
