@@ -14,7 +14,9 @@
 //! [`receiving`](CollectiveOp::receiving) that message and finishes where it is polled, as a
 //! point-to-point receive does. Nobody waits for anything more from this rank, so nothing is
 //! lost by leaving the rest to the caller's polls; this path is just cheaper (no future to
-//! allocate and move, no task to schedule and hand the result back from). A two-rank exchange
+//! allocate and move, no task to schedule and hand the result back from), and its first look
+//! happens before anything is boxed: when the message lands during that look, the usual case,
+//! nothing is allocated at all. A two-rank exchange
 //! whose message is already here when it starts ([`exchanged`](CollectiveOp::exchanged)) is
 //! cheaper still: it finishes at the call, with no receive future and nothing boxed.
 //!
@@ -141,9 +143,25 @@ impl<T: Send + 'static> CollectiveOp<T> {
     pub(crate) fn receiving(
         rank: usize,
         send: Option<SendOp>,
-        recv: RecvOp,
+        mut recv: RecvOp,
         finish: impl FnOnce(Message) -> Result<T, Error> + Send + 'static,
     ) -> Self {
+        let send = send.filter(|s| !s.is_complete());
+        if send.is_none() {
+            // The first look, before anything is boxed: the message usually lands during its
+            // spin burst (the other rank a step behind), and the collective is then finished
+            // at the call with no allocation at all.
+            let mut cx = Context::from_waker(Waker::noop());
+            match Pin::new(&mut recv).poll(&mut cx) {
+                Poll::Ready(message) => {
+                    return Self::finished(
+                        rank,
+                        message.and_then(|m| finish_caught(rank, finish, m)),
+                    );
+                }
+                Poll::Pending => return Self::boxed(rank, None, Incoming::Waiting(recv), finish),
+            }
+        }
         Self::awaiting(rank, send, Incoming::Waiting(recv), finish)
     }
 
@@ -176,19 +194,29 @@ impl<T: Send + 'static> CollectiveOp<T> {
         message: Incoming,
         finish: impl FnOnce(Message) -> Result<T, Error> + Send + 'static,
     ) -> Self {
-        let mut op = CollectiveOp {
+        let mut op = Self::boxed(rank, send, message, finish);
+        let mut cx = Context::from_waker(Waker::noop());
+        if let Poll::Ready(result) = Pin::new(&mut op).poll(&mut cx) {
+            op.state = State::Ready(Some(result));
+        }
+        op
+    }
+
+    /// The [`receiving`](Self::receiving) state, not looked at yet.
+    fn boxed(
+        rank: usize,
+        send: Option<SendOp>,
+        message: Incoming,
+        finish: impl FnOnce(Message) -> Result<T, Error> + Send + 'static,
+    ) -> Self {
+        CollectiveOp {
             state: State::Receiving(Box::new(Receiving {
                 send: send.filter(|s| !s.is_complete()),
                 message,
                 finish,
             })),
             rank,
-        };
-        let mut cx = Context::from_waker(Waker::noop());
-        if let Poll::Ready(result) = Pin::new(&mut op).poll(&mut cx) {
-            op.state = State::Ready(Some(result));
         }
-        op
     }
 
     /// A collective that failed before it started (its arguments were invalid); nothing was
