@@ -27,6 +27,11 @@
 //! starts again at once: that frame was accepted (its send may have completed), so it waits
 //! for a connection as long as UD's liveness reports the peer alive.
 //!
+//! Closing: the two sides close once nothing is held, and a frame held for a connection waits
+//! at most [`RcSettings::linger`] after [`close`](Transport::close): a peer that closed first
+//! answers no exchange, and UD's liveness never reports a peer that said BYE, so without that
+//! bound such a frame would keep the rank from ever draining.
+//!
 //! Losses: a peer is reported lost once. While it has an RC connection, the RC side's report
 //! (BYE after its last frame, or a failed work request) is the one that counts: a UD loss
 //! report is held for [`AdaptiveSettings::loss_grace`] in case RC frames are still coming.
@@ -98,6 +103,9 @@ pub struct AdaptiveCounters {
     pub malformed_control: u64,
     /// Queue pair operations the connection manager asked for that failed.
     pub connect_errors: u64,
+    /// Frames still held (waiting for a connection or for UD's acknowledgements) when the
+    /// linger after close ran out: dropped.
+    pub dropped_on_close: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -130,6 +138,8 @@ struct State {
     control: Vec<(u32, bytes::Bytes)>,
     timer: Option<Pin<Box<Sleep>>>,
     closing: bool,
+    /// When [`close`](Transport::close) was called: held frames wait until the linger is up.
+    closing_since: Option<Instant>,
     closed: bool,
     counters: AdaptiveCounters,
 }
@@ -191,6 +201,7 @@ impl<P: Provider> AdaptiveTransport<P> {
                 control: Vec::new(),
                 timer: None,
                 closing: false,
+                closing_since: None,
                 closed: false,
                 counters: AdaptiveCounters::default(),
             }),
@@ -450,12 +461,43 @@ impl<P: Provider> AdaptiveTransport<P> {
             }
         }
         s.scratch = scratch;
-        if s.closing && !s.closed && s.peers.iter().all(|p| p.held.is_empty()) {
-            s.closed = true;
-            self.ud.close();
-            self.rc.close();
+        if s.closing && !s.closed {
+            self.drop_held_after_linger(s, now);
+            if s.peers.iter().all(|p| p.held.is_empty()) {
+                s.closed = true;
+                self.ud.close();
+                self.rc.close();
+            }
         }
         Ok(())
+    }
+
+    /// Closing, with the linger up: drops what is still held. A large frame waits for its
+    /// exchange as long as the peer lives, and the exchange starts again after each failure;
+    /// but a peer that has closed already (the frame was one it no longer needed, such as a
+    /// broadcast repair that crossed its completion) answers no exchange, and UD's liveness,
+    /// which would end the wait for a dead peer, never reports one that said BYE with nothing
+    /// of ours unacknowledged. Without this bound the rank would never drain, and its shutdown
+    /// would never return.
+    fn drop_held_after_linger(&self, s: &mut State, now: Instant) {
+        if s.closing_since
+            .is_none_or(|t| now < t + self.settings.rc.linger)
+        {
+            return;
+        }
+        for (peer, p) in s.peers.iter_mut().enumerate() {
+            if p.held.is_empty() {
+                continue;
+            }
+            tracing::debug!(
+                rank = self.rank,
+                peer,
+                frames = p.held.len(),
+                "closing: frames still waiting for a connection dropped after the linger"
+            );
+            s.counters.dropped_on_close += p.held.len() as u64;
+            p.held.clear();
+        }
     }
 
     fn rc_known(&self, peer: u32) -> bool {
@@ -642,6 +684,7 @@ impl<P: Provider> Transport for AdaptiveTransport<P> {
             return;
         }
         s.closing = true;
+        s.closing_since = Some(Instant::now());
         // Frames still held wait for their connection or for UD's acknowledgements; the two
         // sides close (and say BYE) once none is left.
         let _ = self.advance(s, Instant::now());

@@ -263,6 +263,43 @@ async fn a_failed_exchange_with_a_large_frame_waiting_is_tried_again() {
     assert!(ranks[0].is_over_rc(1), "{c0:?}");
 }
 
+/// A large frame for a peer that closed first (a message it no longer needed) can never be
+/// connected for: the peer answers no exchange, and UD never reports a peer that said BYE.
+/// The closing rank drops it once its linger is up and drains, instead of trying forever.
+#[tokio::test]
+async fn a_large_frame_for_a_peer_that_closed_is_dropped_after_the_linger() {
+    let mut s = settings(Some(8));
+    s.rc.linger = Duration::from_millis(300);
+    let SimulatedTransports {
+        transports: ranks, ..
+    } = simulated_adaptive_transports(2, 1, Duration::from_secs(10), s).unwrap();
+    // Some UD traffic first, so that rank 1's link says BYE when it closes.
+    ranks[0].send(1, frame(0, pattern(0, 100))).unwrap();
+    assert_in_order(&pump(&ranks, &[0, 1]).await[1], 0, 1, |_| 100);
+    ranks[1].close();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !ranks[1].is_drained() {
+        assert!(std::time::Instant::now() < deadline, "rank 1 never drained");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    // The exchange for this frame fails (6 Requests over 315 ms) and starts again, unanswered.
+    ranks[0].send(1, frame(1, pattern(1, 16 * 1024))).unwrap();
+    ranks[0].close();
+    let closed = std::time::Instant::now();
+    while !ranks[0].is_drained() {
+        assert!(
+            closed.elapsed() < Duration::from_secs(5),
+            "rank 0 never drained: {:?}",
+            ranks[0].counters()
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert!(closed.elapsed() >= Duration::from_millis(300), "the linger");
+    let c0 = ranks[0].counters();
+    assert_eq!(c0.dropped_on_close, 1, "{c0:?}");
+    assert_eq!(c0.cm.established, 0, "{c0:?}");
+}
+
 /// The responder's queue pair is connected before its Reply leaves (and the requester's before
 /// its Confirm): the peer that gets either may write at once. Checked where the fabric carries
 /// each of them.
