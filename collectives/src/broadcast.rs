@@ -34,6 +34,7 @@
 use std::collections::VecDeque;
 use std::future::Future;
 use std::ops::Range;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 
@@ -172,7 +173,13 @@ pub(crate) fn of_two(
     if root == me {
         let tuning = &comm.config().collectives;
         let header = Header::new(BcastAlgorithm::Binomial, data.len(), true);
-        if !tuning.bcast.is_none_or(|a| a == BcastAlgorithm::Binomial) || !header.carries_data() {
+        // The root's choice as `choose` makes it on two ranks: binomial unless another
+        // point-to-point algorithm is forced (a multicast one not taken is no choice here).
+        let forced = matches!(
+            tuning.bcast,
+            Some(BcastAlgorithm::ScatterAllgather | BcastAlgorithm::Chain)
+        );
+        if forced || !header.carries_data() {
             return Err(data);
         }
         let tag = comm.next_collective();
@@ -189,7 +196,11 @@ pub(crate) fn of_two(
     let tag = comm.next_collective();
     let mut recv = comm.collective_recv(root, tag);
     let mut look = Context::from_waker(Waker::noop());
-    Ok(match Pin::new(&mut recv).poll(&mut look) {
+    let first = std::panic::catch_unwind(AssertUnwindSafe(|| Pin::new(&mut recv).poll(&mut look)));
+    let Ok(first) = first else {
+        return Ok(CollectiveOp::failed(me, crate::started::panicked(me)));
+    };
+    Ok(match first {
         Poll::Ready(Ok(message)) => match compact_body(message.into_data()) {
             Ok(body) => CollectiveOp::finished(me, Ok(body)),
             Err(message) => {
@@ -199,7 +210,8 @@ pub(crate) fn of_two(
         Poll::Ready(Err(e)) => CollectiveOp::finished(me, Err(e)),
         Poll::Pending => {
             let comm = comm.clone();
-            CollectiveOp::start(me, async move {
+            // Looked at already: spawned straight away, without a second spin burst.
+            CollectiveOp::spawn(me, async move {
                 let message = recv.await?.into_data();
                 match compact_body(message) {
                     Ok(body) => Ok(body),
@@ -220,8 +232,10 @@ fn compact_body(mut message: Bytes) -> Result<Bytes, Bytes> {
     Ok(message)
 }
 
-/// A leaf's part from its first `message` (from the root, whose child it is) on: what [`run`]
-/// does once that message is in.
+/// The part of a rank with nothing to forward (the non-root of two ranks) from its first
+/// `message` (from the root) on: what [`run`] does once that message is in, less the
+/// forwarding — a rank with children must not use it (they would wait for the header, or hear
+/// nothing of a bad one).
 async fn from_first(cx: Ctx, root: usize, message: Bytes) -> Result<Bytes, Error> {
     let header = Header::decode(root, &message)?;
     let tree = BinomialTree::new(&cx, root);

@@ -14,9 +14,9 @@
 //! [`receiving`](CollectiveOp::receiving) that message and finishes where it is polled, as a
 //! point-to-point receive does. Nobody waits for anything more from this rank, so nothing is
 //! lost by leaving the rest to the caller's polls; this path is just cheaper (no future to
-//! allocate and move, no task to schedule and hand the result back from), and its first look
-//! happens before anything is boxed: when the message lands during that look, the usual case,
-//! nothing is allocated at all. A two-rank exchange
+//! allocate and move, no task to schedule and hand the result back from), and when its send
+//! went out at once its first look happens before anything is boxed: if the message lands
+//! during that look, the usual case, nothing is allocated at all. A two-rank exchange
 //! whose message is already here when it starts ([`exchanged`](CollectiveOp::exchanged)) is
 //! cheaper still: it finishes at the call, with no receive future and nothing boxed.
 //!
@@ -136,6 +136,20 @@ impl<T: Send + 'static> CollectiveOp<T> {
         CollectiveOp { state, rank }
     }
 
+    /// Spawns `run` for rank `rank` without a first look (its caller just had one), or keeps it
+    /// to run where polled if there is no runtime.
+    pub(crate) fn spawn(
+        rank: usize,
+        run: impl Future<Output = Result<T, Error>> + Send + 'static,
+    ) -> Self {
+        let run: BoxedRun<T> = Box::pin(run);
+        let state = match tokio::runtime::Handle::try_current() {
+            Ok(handle) => State::Spawned(handle.spawn(run)),
+            Err(_) => State::Inline(run),
+        };
+        CollectiveOp { state, rank }
+    }
+
     /// A collective whose whole remaining part is to see `send` (its last, if any) through,
     /// receive with `recv` (already posted) and `finish` with the message. Like
     /// [`start`](Self::start), it has a first look at once, so a message already here finishes
@@ -202,7 +216,7 @@ impl<T: Send + 'static> CollectiveOp<T> {
         op
     }
 
-    /// The [`receiving`](Self::receiving) state, not looked at yet.
+    /// The [`receiving`](Self::receiving) state, boxed (no look taken here).
     fn boxed(
         rank: usize,
         send: Option<SendOp>,
@@ -244,7 +258,7 @@ fn finish_caught<T>(
         .unwrap_or_else(|_| Err(panicked(rank)))
 }
 
-fn panicked(rank: usize) -> Error {
+pub(crate) fn panicked(rank: usize) -> Error {
     Error::RankPanicked {
         rank,
         message: "a collective panicked".into(),

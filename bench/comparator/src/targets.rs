@@ -109,14 +109,8 @@ pub fn assess(samples: &Samples, target: &Target) -> Option<(f64, f64, bool)> {
             .copied()
     };
     Some(match target.goal {
-        Goal::TimeRatioAtMost(max) => {
-            let r = ratio()?;
-            (ours, r, r <= max)
-        }
-        Goal::RateRatioAtLeast(min) => {
-            let r = ratio()?;
-            (ours, r, r >= min)
-        }
+        Goal::TimeRatioAtMost(max) => ratio().map(|r| (ours, r, r <= max))?,
+        Goal::RateRatioAtLeast(min) => ratio().map(|r| (ours, r, r >= min))?,
         Goal::MicrosBelow(max) => (ours, ours, ours < max),
     })
 }
