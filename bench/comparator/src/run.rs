@@ -100,10 +100,17 @@ const RUN_TIMEOUT: Duration = Duration::from_secs(180);
 /// Shared memory uses OSU's own iteration counts and sizes in one run. Four ranks on two cores
 /// run fewer iterations, because MPICH takes milliseconds per operation there and OSU's counts
 /// would take the better part of an hour: up to 1 KiB in one run, and 64 KiB to 1 MiB (the
-/// large cells of the collectives' targets) in a second run with fewer still.
+/// large cells of the collectives' targets) in a second run with fewer still. The barriers,
+/// one figure each, keep the default 1 000 iterations (100 warm-up) there: 100 barriers of a few microseconds
+/// are a millisecond, less than one scheduler tick, and their average followed how the
+/// four processes happened to share the cores more than the barrier (MPICH's ~8 ms ones
+/// take some 9 s a run).
 fn osu_sweeps(plan: &Plan, config: Config, bench: &str) -> Vec<Vec<String>> {
+    let sized = osu::is_sized(bench);
     let sweeps: &[(&[&str], &[&str])] = if plan.quick {
         &[(&["-m", "1:64"], &["-i", "10", "-x", "2"])]
+    } else if config == Config::Oversubscribed && !sized {
+        &[(&[], &["-i", "1000", "-x", "100"])]
     } else if config == Config::Oversubscribed {
         &[
             (&["-m", "1:1024"], &["-i", "100", "-x", "10"]),
@@ -113,7 +120,6 @@ fn osu_sweeps(plan: &Plan, config: Config, bench: &str) -> Vec<Vec<String>> {
         &[(&[], &[])]
     };
     // The barriers have no message size: one run.
-    let sized = osu::is_sized(bench);
     sweeps
         .iter()
         .take(if sized { sweeps.len() } else { 1 })
@@ -355,7 +361,7 @@ mod tests {
         assert_eq!(sweeps[1][..2], ["-m", "65536:1048576"]);
         // A barrier has no sizes: one run, iteration counts only.
         let barrier = osu_sweeps(&plan(false), Config::Oversubscribed, "barrier");
-        assert_eq!(barrier, [["-i", "100", "-x", "10"]]);
+        assert_eq!(barrier, [["-i", "1000", "-x", "100"]]);
         // Shared memory keeps OSU's defaults; a quick run has one small sweep.
         assert_eq!(
             osu_sweeps(&plan(false), Config::Shm, "bcast"),
