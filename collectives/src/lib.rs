@@ -243,11 +243,11 @@ impl Collectives for Communicator {
     ) -> CollectiveOp<Option<Vec<T>>> {
         let op = op.into();
         let check = ctx::check_root(root, self.size()).and_then(|()| op.check());
-        let data = byte_copy::vec_from(data);
         let cx = Ctx::next(self);
         if check.is_ok() && cx.size == 2 {
             return reduce::pair(cx, root, data, op);
         }
+        let data = byte_copy::vec_from(data);
         start_in(cx, check, move |cx| reduce::binomial(cx, root, data, op))
     }
 
