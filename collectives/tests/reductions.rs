@@ -329,6 +329,64 @@ async fn reduce_of_large_vectors() {
     }
 }
 
+/// Two ranks whose vectors are 16 KiB to just under 256 KiB send them in 8 KiB pieces, which
+/// the root combines as they come: lengths on both sides of the thresholds and of a piece's
+/// boundary, both roots, operations that commute and one that does not (`compose`'s 16-byte
+/// elements make a piece 512 of them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_two_rank_reduce_in_pieces_matches_the_reference() {
+    let config = Config::default();
+    // u32: 16 KiB is 4 096 elements, 256 KiB 65 536, a piece 2 048.
+    let words = [4095, 4096, 4097, 6143, 6144, 2048 * 7 + 1, 65535, 65536];
+    let affine = [1023, 1024, 1025, 1536, 512 * 9 + 7, 16383, 16384];
+    for root in [0, 1] {
+        let ops = [Op::Sum.into(), wrapping_u32_sum(), Op::Max.into()];
+        let sums = cases(&words, &ops, |_| root);
+        run_cases(Collective::Reduce, 2, &config, sums).await;
+        let ordered = cases(&affine, &[compose()], |_| root);
+        run_cases(Collective::Reduce, 2, &config, ordered).await;
+    }
+}
+
+/// Two ranks that pass different counts, one or both long enough to go in pieces: the root
+/// gets an `InvalidArgument` saying so, nobody hangs, and the next collective pairs up as
+/// usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_two_rank_reduce_in_pieces_reports_other_lengths() {
+    // (root's count, the other rank's count) in u32 elements; 4 096 and up go in pieces.
+    let pairs = [
+        (4, 8000),
+        (8000, 4),
+        (8000, 9000),
+        (9000, 8000),
+        (8192, 8191),
+    ];
+    for root in [0, 1] {
+        for (at_root, other) in pairs {
+            let results = job(2, move |comm| async move {
+                let len = if comm.rank() == root { at_root } else { other };
+                let data = vec![1u32; len];
+                let reduced = comm.reduce(root, &data, Op::Sum).await;
+                let after = comm.all_reduce(&[comm.rank() as u32 + 1], Op::Sum).await;
+                (reduced.map(|r| r.map(|v| v.len())), after)
+            })
+            .await;
+            for (rank, (reduced, after)) in results.into_iter().enumerate() {
+                let case = format!("root {root}, counts {at_root}/{other}, rank {rank}");
+                if rank == root {
+                    assert!(
+                        matches!(reduced, Err(Error::InvalidArgument(_))),
+                        "{case}: {reduced:?}"
+                    );
+                } else {
+                    assert_eq!(reduced.unwrap(), None, "{case}");
+                }
+                assert_eq!(after.unwrap(), [3], "{case}");
+            }
+        }
+    }
+}
+
 /// Every algorithm, forced or chosen: the automatic choice takes recursive doubling below 64 KiB
 /// and Rabenseifner from there (on two ranks, recursive doubling but where only the halves go
 /// inline through a shared-memory ring; see `two_ranks_halve_only_where_the_halves_go_inline`). Direct reads
