@@ -146,6 +146,22 @@ async fn tree<T: Element>(
     data: Vec<T>,
 ) -> Result<Option<Vec<T>>, Error> {
     let tree = BinomialTree::of(reduction.size(), reduction.rank(), root);
+    if (PIPELINE_FROM..PIPELINE_UNTIL).contains(&size_of_val(&data[..])) {
+        // In pieces, as on two ranks (see `pair`): each child's combined as it comes.
+        let mut acc = data;
+        for child in tree.children() {
+            reduction.receive_pieces(child.rank, &mut acc).await?;
+        }
+        return match tree.parent() {
+            None => Ok(Some(acc)),
+            Some(parent) => {
+                for sent in reduction.send_pieces(parent, &acc) {
+                    sent.await?;
+                }
+                Ok(None)
+            }
+        };
+    }
     // Post every child's receive now, so their (possibly rendezvous) sends all proceed while the
     // first ones are combined. Children come in increasing relative rank: each holds the next
     // contiguous range of higher ranks.

@@ -329,30 +329,32 @@ async fn reduce_of_large_vectors() {
     }
 }
 
-/// Two ranks whose vectors are 16 KiB to just under 256 KiB send them in 8 KiB pieces, which
-/// the root combines as they come: lengths on both sides of the thresholds and of a piece's
-/// boundary, both roots, operations that commute and one that does not (`compose`'s 16-byte
-/// elements make a piece 512 of them).
+/// Vectors of 16 KiB to just under 256 KiB go from rank to rank in 8 KiB pieces, which the
+/// receiver combines as they come: lengths on both sides of the thresholds and of a piece's
+/// boundary, every root of 2 to 5 ranks (the two-rank path and the tree), operations that
+/// commute and one that does not (`compose`'s 16-byte elements make a piece 512 of them).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_two_rank_reduce_in_pieces_matches_the_reference() {
+async fn a_reduce_in_pieces_matches_the_reference() {
     let config = Config::default();
     // u32: 16 KiB is 4 096 elements, 256 KiB 65 536, a piece 2 048.
     let words = [4095, 4096, 4097, 6143, 6144, 2048 * 7 + 1, 65535, 65536];
     let affine = [1023, 1024, 1025, 1536, 512 * 9 + 7, 16383, 16384];
-    for root in [0, 1] {
-        let ops = [Op::Sum.into(), wrapping_u32_sum(), Op::Max.into()];
-        let sums = cases(&words, &ops, |_| root);
-        run_cases(Collective::Reduce, 2, &config, sums).await;
-        let ordered = cases(&affine, &[compose()], |_| root);
-        run_cases(Collective::Reduce, 2, &config, ordered).await;
+    for n in 2..=5 {
+        for root in 0..n {
+            let ops = [Op::Sum.into(), wrapping_u32_sum(), Op::Max.into()];
+            let sums = cases(&words, &ops, |_| root);
+            run_cases(Collective::Reduce, n, &config, sums).await;
+            let ordered = cases(&affine, &[compose()], |_| root);
+            run_cases(Collective::Reduce, n, &config, ordered).await;
+        }
     }
 }
 
-/// Two ranks that pass different counts, one or both long enough to go in pieces: the root
-/// gets an `InvalidArgument` saying so, nobody hangs, and the next collective pairs up as
-/// usual.
+/// Ranks that pass different counts, one or both long enough to go in pieces: the root gets an
+/// `InvalidArgument` saying so, nobody hangs, and (on two ranks) the next collective pairs up
+/// as usual.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_two_rank_reduce_in_pieces_reports_other_lengths() {
+async fn a_reduce_in_pieces_reports_other_lengths() {
     // (root's count, the other rank's count) in u32 elements; 4 096 and up go in pieces.
     let pairs = [
         (4, 8000),
@@ -384,6 +386,19 @@ async fn a_two_rank_reduce_in_pieces_reports_other_lengths() {
                 assert_eq!(after.unwrap(), [3], "{case}");
             }
         }
+    }
+    // Through the tree: rank 3 of 4 passes another count, long enough to go in pieces either
+    // way; the root (1) fails, and every rank finishes.
+    for (odd, rest) in [(9000, 8000), (8000, 9000), (4, 8000)] {
+        let results = job(4, move |comm| async move {
+            let len = if comm.rank() == 3 { odd } else { rest };
+            comm.reduce(1, &vec![1u32; len], Op::Sum).await.map(drop)
+        })
+        .await;
+        assert!(
+            matches!(results[1], Err(Error::InvalidArgument(_))),
+            "counts {odd}/{rest}: {results:?}"
+        );
     }
 }
 

@@ -235,7 +235,7 @@ fn markdown(plan: &Plan, run: &Run<'_>, plots: &[String], image_prefix: &str) ->
         if plan.quick {
             "smoke run (10)"
         } else {
-            "OSU defaults; oversubscribed: 100, warm-up 10, up to 1 KiB; 20, warm-up 2, 64 KiB to 1 MiB"
+            "OSU defaults; oversubscribed: 100, warm-up 10, up to 1 KiB; 20, warm-up 2, 64 KiB to 1 MiB; barriers 1000, warm-up 100"
         }
     );
     let _ = writeln!(s, "| took | {:.0?} |", elapsed);
