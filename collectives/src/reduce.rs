@@ -60,7 +60,7 @@ pub(crate) async fn binomial<T: Element>(
 /// copied there, a larger one once into the send's own buffer (a vector of its own first
 /// would be a second copy, some 5% of a 64 KiB reduce). Only the root keeps a vector.
 ///
-/// From [`PIPELINE_FROM`] bytes (below [`PIPELINE_UNTIL`]) the vector goes in pieces of
+/// From [`PIPELINE_FROM`] bytes (below [`PAIR_PIPELINE_UNTIL`]) the vector goes in pieces of
 /// [`PIECE_BYTES`] ([`Reduction::send_pieces`]), which the root combines as they come
 /// ([`Reduction::receive_pieces`]): it works on the first piece while the next is being
 /// written, where one message would have it wait for the whole vector and then copy it out
@@ -73,7 +73,7 @@ pub(crate) fn pair<T: Element>(
 ) -> CollectiveOp<Option<Vec<T>>> {
     let (me, other) = (cx.rank, 1 - cx.rank);
     let mut reduction = Reduction::new(cx, op);
-    let pieces = (PIPELINE_FROM..PIPELINE_UNTIL).contains(&size_of_val(data));
+    let pieces = (PIPELINE_FROM..PAIR_PIPELINE_UNTIL).contains(&size_of_val(data));
     if me != root {
         let mut sends = if pieces {
             reduction.send_pieces(root, data)
@@ -146,7 +146,7 @@ async fn tree<T: Element>(
     data: Vec<T>,
 ) -> Result<Option<Vec<T>>, Error> {
     let tree = BinomialTree::of(reduction.size(), reduction.rank(), root);
-    if (PIPELINE_FROM..PIPELINE_UNTIL).contains(&size_of_val(&data[..])) {
+    if (PIPELINE_FROM..=TREE_PIPELINE_MAX).contains(&size_of_val(&data[..])) {
         // In pieces, as on two ranks (see `pair`): each child's combined as it comes.
         let mut acc = data;
         for child in tree.children() {
@@ -195,13 +195,18 @@ const MORE: u8 = 2;
 
 /// Elements bytes of each piece of a vector sent in pieces: each goes through a
 /// shared-memory ring in one record, and is combined while it is in cache.
-pub(crate) const PIECE_BYTES: usize = 8 * 1024;
-/// Vectors of at least this many bytes, and fewer than [`PIPELINE_UNTIL`], go in pieces
-/// where a schedule allows it.
-pub(crate) const PIPELINE_FROM: usize = 16 * 1024;
-/// From this many bytes one message again: it goes by single copy, which measured as fast
-/// as the pieces at 256 KiB and faster at 512 KiB (two ranks, 7 interleaved rounds).
-pub(crate) const PIPELINE_UNTIL: usize = 256 * 1024;
+const PIECE_BYTES: usize = 8 * 1024;
+/// Vectors of at least this many bytes go in pieces where a schedule allows it, up to
+/// [`PAIR_PIPELINE_UNTIL`] on two ranks and [`TREE_PIPELINE_MAX`] in the tree.
+const PIPELINE_FROM: usize = 16 * 1024;
+/// On two ranks, from this many bytes one message again: it goes by single copy, which
+/// measured as fast as the pieces at 256 KiB and faster from 512 KiB (7 interleaved rounds;
+/// 5 rounds: 37 / 45 µs at 256 KiB, 69 / 97 at 512 KiB, 169 / 222 at 1 MiB).
+const PAIR_PIPELINE_UNTIL: usize = 256 * 1024;
+/// In the tree (3 ranks and more), pieces up to this many bytes: with 4 ranks on 2 cores they
+/// beat one message at every size measured, up to this one (5 rounds: 102 / 154 µs at
+/// 256 KiB, 210 / 336 at 512 KiB, 472 / 547 at 1 MiB).
+const TREE_PIPELINE_MAX: usize = 1024 * 1024;
 
 /// Where the ranks of a received partial result lie relative to this rank's own.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

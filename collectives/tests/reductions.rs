@@ -329,10 +329,11 @@ async fn reduce_of_large_vectors() {
     }
 }
 
-/// Vectors of 16 KiB to just under 256 KiB go from rank to rank in 8 KiB pieces, which the
-/// receiver combines as they come: lengths on both sides of the thresholds and of a piece's
-/// boundary, every root of 2 to 5 ranks (the two-rank path and the tree), operations that
-/// commute and one that does not (`compose`'s 16-byte elements make a piece 512 of them).
+/// Vectors from 16 KiB (to just under 256 KiB on two ranks, to 1 MiB in the tree) go from
+/// rank to rank in 8 KiB pieces, which the receiver combines as they come: lengths on both
+/// sides of the thresholds and of a piece's boundary, every root of 2 to 5 ranks (the two-rank
+/// path and the tree), operations that commute and one that does not (`compose`'s 16-byte
+/// elements make a piece 512 of them).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reduce_in_pieces_matches_the_reference() {
     let config = Config::default();
@@ -347,6 +348,11 @@ async fn a_reduce_in_pieces_matches_the_reference() {
             let ordered = cases(&affine, &[compose()], |_| root);
             run_cases(Collective::Reduce, n, &config, ordered).await;
         }
+    }
+    // The tree's upper bound, 1 MiB: in pieces at it, one message just above.
+    for root in [0, 2] {
+        let edge: Vec<Case<u32>> = cases(&[1 << 18, (1 << 18) + 1], &[Op::Sum.into()], |_| root);
+        run_cases(Collective::Reduce, 3, &config, edge).await;
     }
 }
 
