@@ -364,19 +364,15 @@ impl<T: Element> Reduction<T> {
                 }
                 return Ok(());
             }
+            // After a failure the pieces are only counted, so that all of them are read.
             let end = at + bytes / elem;
-            if self.has_failed() {
-                at = end;
-                continue;
-            }
-            if end > mine.len() {
+            if end > mine.len() && !self.has_failed() {
                 self.fail(length_mismatch(from, mine.len(), end));
-                at = end;
-                continue;
-            }
-            match Theirs::new(message, bytes) {
-                Ok(theirs) => self.combine(&mut mine[at..end], theirs, side),
-                Err(e) => self.fail(e),
+            } else if !self.has_failed() {
+                match Theirs::new(message, bytes) {
+                    Ok(theirs) => self.combine(&mut mine[at..end], theirs, side),
+                    Err(e) => self.fail(e),
+                }
             }
             at = end;
         }
