@@ -75,11 +75,7 @@ pub(crate) fn pair<T: Element>(
     let mut reduction = Reduction::new(cx, op);
     let pieces = (PIPELINE_FROM..PAIR_PIPELINE_UNTIL).contains(&size_of_val(data));
     if me != root {
-        let mut sends = if pieces {
-            reduction.send_pieces(root, data)
-        } else {
-            vec![reduction.send(root, data)]
-        };
+        let mut sends = reduction.send_vector(root, data, pieces);
         sends.retain(|s| !s.is_complete());
         if sends.is_empty() {
             return CollectiveOp::finished(me, Ok(None));
@@ -146,39 +142,33 @@ async fn tree<T: Element>(
     data: Vec<T>,
 ) -> Result<Option<Vec<T>>, Error> {
     let tree = BinomialTree::of(reduction.size(), reduction.rank(), root);
-    if (PIPELINE_FROM..=TREE_PIPELINE_MAX).contains(&size_of_val(&data[..])) {
-        // In pieces, as on two ranks (see `pair`): each child's combined as it comes.
-        let mut acc = data;
+    // In pieces as on two ranks (see `pair`), each child's combined as it comes.
+    let pieces = (PIPELINE_FROM..=TREE_PIPELINE_MAX).contains(&size_of_val(&data[..]));
+    let mut acc = data;
+    if pieces {
         for child in tree.children() {
             reduction.receive_pieces(child.rank, &mut acc).await?;
         }
-        return match tree.parent() {
-            None => Ok(Some(acc)),
-            Some(parent) => {
-                for sent in reduction.send_pieces(parent, &acc) {
-                    sent.await?;
-                }
-                Ok(None)
+    } else {
+        // Post every child's receive now, so their (possibly rendezvous) sends all proceed
+        // while the first ones are combined. Children come in increasing relative rank: each
+        // holds the next contiguous range of higher ranks.
+        let incoming: Vec<Incoming> = tree
+            .children()
+            .map(|child| reduction.post(child.rank))
+            .collect();
+        for from_child in incoming {
+            if let Some(child) = reduction.receive(from_child, acc.len()).await? {
+                reduction.combine(&mut acc, child, Side::Higher);
             }
-        };
-    }
-    // Post every child's receive now, so their (possibly rendezvous) sends all proceed while the
-    // first ones are combined. Children come in increasing relative rank: each holds the next
-    // contiguous range of higher ranks.
-    let incoming: Vec<Incoming> = tree
-        .children()
-        .map(|child| reduction.post(child.rank))
-        .collect();
-    let mut acc = data;
-    for from_child in incoming {
-        if let Some(child) = reduction.receive(from_child, acc.len()).await? {
-            reduction.combine(&mut acc, child, Side::Higher);
         }
     }
     match tree.parent() {
         None => Ok(Some(acc)),
         Some(parent) => {
-            reduction.send(parent, &acc).await?;
+            for sent in reduction.send_vector(parent, &acc, pieces) {
+                sent.await?;
+            }
             Ok(None)
         }
     }
@@ -311,6 +301,16 @@ impl<T: Element> Reduction<T> {
                 .cx
                 .send_parts(to, &[bytemuck::cast_slice(data), &[DATA]]),
             Some(fault) => self.cx.send(to, fault.notice.clone()),
+        }
+    }
+
+    /// Sends `data` to `to` in pieces ([`send_pieces`](Self::send_pieces)) or as one message
+    /// ([`send`](Self::send)).
+    pub fn send_vector(&self, to: usize, data: &[T], in_pieces: bool) -> Vec<SendOp> {
+        if in_pieces {
+            self.send_pieces(to, data)
+        } else {
+            vec![self.send(to, data)]
         }
     }
 

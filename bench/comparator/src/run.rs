@@ -101,10 +101,10 @@ const RUN_TIMEOUT: Duration = Duration::from_secs(180);
 /// run fewer iterations, because MPICH takes milliseconds per operation there and OSU's counts
 /// would take the better part of an hour: up to 1 KiB in one run, and 64 KiB to 1 MiB (the
 /// large cells of the collectives' targets) in a second run with fewer still. The barriers,
-/// one figure each, keep the default 1 000 iterations (100 warm-up) there: 100 barriers of a few microseconds
-/// are a millisecond, less than one scheduler tick, and their average followed how the
-/// four processes happened to share the cores more than the barrier (MPICH's ~8 ms ones
-/// take some 9 s a run).
+/// one figure each, keep the default 1 000 iterations (100 warm-up) there: 100 barriers of a
+/// few microseconds are a millisecond, less than one scheduler tick, and their average
+/// followed how the four processes happened to share the cores more than the barrier
+/// (MPICH's ~8 ms ones take some 9 s a run).
 fn osu_sweeps(plan: &Plan, config: Config, bench: &str) -> Vec<Vec<String>> {
     let sized = osu::is_sized(bench);
     let sweeps: &[(&[&str], &[&str])] = if plan.quick {
