@@ -110,41 +110,39 @@ fn rw_bench_prints_a_ranks_counters_on_sigusr1() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("rwrun starts");
-    // A rank is a child of rwrun whose command line names rw-bench; it is ready once it
-    // catches SIGUSR1 (bit 9 of SigCgt in its status), before which the signal would end it.
-    let catches_usr1 = |pid: &str| {
-        std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|status| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix("SigCgt:"))
-                .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
-                .is_some_and(|mask| mask & (1 << 9) != 0)
-        })
+    // A rank is a child of rwrun running the rw-bench executable: between fork and exec the
+    // child still is a copy of rwrun, whose command line names rw-bench and which catches
+    // SIGUSR1 itself, so neither the command line nor the signal mask alone tells a rank. It
+    // is ready once it catches SIGUSR1 (bit 9 of SigCgt), before which the signal would end it.
+    let bench = std::fs::canonicalize(env!("CARGO_BIN_EXE_rw-bench")).expect("rw-bench exists");
+    let ready_ranks = |job: &std::process::Child| -> Vec<String> {
+        std::fs::read_to_string(format!("/proc/{}/task/{}/children", job.id(), job.id()))
+            .unwrap_or_default()
+            .split_whitespace()
+            .filter(|pid| {
+                std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|exe| exe == bench)
+                    && std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|status| {
+                        status
+                            .lines()
+                            .find_map(|l| l.strip_prefix("SigCgt:"))
+                            .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+                            .is_some_and(|mask| mask & (1 << 9) != 0)
+                    })
+            })
+            .map(str::to_string)
+            .collect()
     };
     let deadline = Instant::now() + Duration::from_secs(30);
     let rank = loop {
-        let children =
-            std::fs::read_to_string(format!("/proc/{}/task/{}/children", job.id(), job.id()))
-                .unwrap_or_default();
-        let ready = children.split_whitespace().find(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
-                .is_ok_and(|c| c.contains("rw-bench"))
-                && catches_usr1(pid)
-        });
-        if let Some(pid) = ready {
-            break pid.to_string();
+        if let Some(pid) = ready_ranks(&job).into_iter().next() {
+            break pid;
         }
         assert!(Instant::now() < deadline, "no rank started");
         std::thread::sleep(Duration::from_millis(50));
     };
     usr1_and_go_on(&mut job, &rank, "the job goes on after the signal");
-    // Both ranks catch it by now (the other joined the job before rank `rank` could run).
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !std::fs::read_to_string(format!("/proc/{}/task/{}/children", job.id(), job.id()))
-        .unwrap_or_default()
-        .split_whitespace()
-        .all(catches_usr1)
-    {
+    while ready_ranks(&job).len() < 2 {
         assert!(
             Instant::now() < deadline,
             "the other rank never caught SIGUSR1"
@@ -393,5 +391,11 @@ fn usr1_and_go_on(job: &mut std::process::Child, pid: &str, why: &str) {
         .expect("kill runs");
     assert!(sent.success());
     std::thread::sleep(Duration::from_millis(500));
-    assert!(job.try_wait().expect("job status").is_none(), "{why}");
+    if let Some(status) = job.try_wait().expect("job status") {
+        let mut stderr = String::new();
+        if let Some(mut pipe) = job.stderr.take() {
+            let _ = std::io::Read::read_to_string(&mut pipe, &mut stderr);
+        }
+        panic!("{why}, but the job ended ({status}): {stderr}");
+    }
 }
