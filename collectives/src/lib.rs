@@ -186,7 +186,9 @@ pub trait Collectives {
 
 impl Collectives for Communicator {
     fn barrier(&self) -> CollectiveOp<()> {
-        if self.size() == 2 {
+        // Two ranks make one exchange, the dissemination barrier of two, unless the linear
+        // one is forced: it takes a hop more but lets rank 0 out first (see `barrier`).
+        if self.size() == 2 && self.config().collectives.barrier != Some(BarrierAlgorithm::Linear) {
             return barrier::pair(self);
         }
         match (barrier::choose(self), self.rank()) {

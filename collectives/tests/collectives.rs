@@ -41,14 +41,15 @@ async fn barrier_holds_every_rank_until_all_arrive() {
 }
 
 /// Both barrier algorithms at every size they may see: linear (the default up to 7 ranks)
-/// and dissemination (the default above), each forced over the other's range too; rounds
+/// and dissemination (the default above), each forced over the other's range too, and on two
+/// ranks, where the default is one exchange; rounds
 /// after rounds, so that a rank released early by a stale message would show.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn barrier_by_either_algorithm_holds_every_rank() {
     for algorithm in [BarrierAlgorithm::Linear, BarrierAlgorithm::Dissemination] {
         let mut config = Config::default();
         config.collectives.barrier = Some(algorithm);
-        for n in [3, 4, 7, 8, 13] {
+        for n in [2, 3, 4, 7, 8, 13] {
             let arrived = Arc::new(AtomicUsize::new(0));
             let seen = job_with(n, &config, move |comm| {
                 let arrived = Arc::clone(&arrived);
