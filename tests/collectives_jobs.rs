@@ -47,6 +47,20 @@ fn all_reduce_all_gather_and_all_to_all_by_direct_reads_between_processes() {
     }
 }
 
+/// Over shared memory with the barrier through flags (`RANKWEAVE_BARRIER=flags`) on 2 (one
+/// exchange of flags) and 4 processes (linear through rank 0).
+#[test]
+fn every_collective_with_the_flag_barrier_between_processes() {
+    for n in [2, 4] {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_rwrun"));
+        cmd.args(["-n", &n.to_string(), "--no-tag-output", "--timeout", "170"])
+            .arg(example("collectives"))
+            .env_remove("RANKWEAVE_TRANSPORT")
+            .env("RANKWEAVE_BARRIER", "flags");
+        assert_checked(&run_with_deadline(cmd, Duration::from_secs(180)), n);
+    }
+}
+
 #[test]
 fn every_collective_under_rwrun_with_loss_and_reordering() {
     assert_checked(

@@ -14,6 +14,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{assert_every_rank_reported, example, run_with_deadline};
+use rankweave::Collectives;
 
 fn exchange(n: usize, sizes: Option<&str>, env: &[(&str, &str)]) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_rwrun"));
@@ -120,6 +121,22 @@ fn child() {
         let (me, n) = (world.rank(), world.size());
         println!("pid {}", std::process::id());
         let victim = 2;
+        if mode == "barrier-victim" {
+            // Barriers through flags until rank 2 dies before its fourth: rank 0 waits for
+            // its flag, rank 1 for rank 0's release. Both must learn of the death.
+            for round in 0u32.. {
+                if me == victim && round == 3 {
+                    std::thread::sleep(Duration::from_millis(20));
+                    // SAFETY: raise(2) with SIGKILL ends this process, as a crash would.
+                    unsafe { libc::raise(libc::SIGKILL) };
+                }
+                if let Err(e) = world.barrier().await {
+                    println!("rank {me} of {n}: {e:?}");
+                    let expected = matches!(e, rankweave::Error::PeerFailed { rank: 2 });
+                    std::process::exit(if expected { 0 } else { 1 });
+                }
+            }
+        }
         for round in 0u32.. {
             if mode == "victim" && me == victim && round == 3 {
                 // The send starts now; the kill comes while rank 0 is taking the data in.
@@ -199,14 +216,17 @@ fn pids_in(stdout: &str) -> Vec<u32> {
         .collect()
 }
 
-#[test]
-fn a_rank_killed_mid_transfer_fails_its_peers_and_leaves_nothing_behind() {
+/// Runs 3 ranks in child mode `mode` (rank 2 kills itself) with the environment `env`,
+/// checks that the job ends with the victim's SIGKILL and that ranks 0 and 1 reported
+/// `PeerFailed { rank: 2 }`, and returns the job's standard output.
+fn run_victim_job(mode: &str, env: &[(&str, &str)]) -> String {
     let exe = std::env::current_exe().unwrap();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_rwrun"));
     cmd.args(["-n", "3", "--grace", "10", "--no-tag-output", "--"])
         .arg(&exe)
         .args(["--exact", "child", "--nocapture", "--test-threads", "1"])
-        .env("RW_SHM_CHILD", "victim")
+        .env("RW_SHM_CHILD", mode)
+        .envs(env.iter().copied())
         .env_remove("RANKWEAVE_TRANSPORT");
     let out = run_with_deadline(cmd, Duration::from_secs(60));
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -216,10 +236,23 @@ fn a_rank_killed_mid_transfer_fails_its_peers_and_leaves_nothing_behind() {
         let line = format!("rank {r} of 3: PeerFailed {{ rank: 2 }}");
         assert!(stdout.contains(&line), "no {line:?} in\n{stdout}\n{stderr}");
     }
+    stdout.into_owned()
+}
+
+#[test]
+fn a_rank_killed_mid_transfer_fails_its_peers_and_leaves_nothing_behind() {
+    let stdout = run_victim_job("victim", &[]);
     let pids = pids_in(&stdout);
     assert_eq!(pids.len(), 3, "{stdout}");
     assert_eq!(segments_still_held(&pids), Vec::<String>::new());
     assert_eq!(dev_shm_entries(), Vec::<String>::new());
+}
+
+/// The same with the ranks in barriers through shared-memory flags, which no message
+/// carries: a rank gone must still fail the others' barriers rather than leave them waiting.
+#[test]
+fn a_rank_killed_before_a_flag_barrier_fails_its_peers() {
+    run_victim_job("barrier-victim", &[("RANKWEAVE_BARRIER", "flags")]);
 }
 
 #[test]

@@ -1,4 +1,4 @@
-//! Barriers. Two algorithms, chosen by communicator size (see
+//! Barriers. Three algorithms, chosen by communicator size and by where the ranks run (see
 //! [`BarrierAlgorithm`](rankweave_core::tuning::BarrierAlgorithm)):
 //!
 //! - **Dissemination** (Hensgen, Finkel and Manber): in round k every rank signals the rank 2^k
@@ -9,31 +9,206 @@
 //!   hops whatever n, and rank 0 leaves first: a broadcast it starts next is on its way before
 //!   the others are out, which on a host with more ranks than cores saves each of them a turn
 //!   of the scheduler. A rank other than 0 has one exchange with rank 0, so it needs no task.
+//! - **Flags** ([`flags`]): the linear barrier (on two ranks, one exchange) through words in
+//!   shared memory instead of messages, as MPICH's barrier on shared memory is: a hop is a
+//!   cache line's trip. The world communicator of ranks that all share memory uses it on up to
+//!   `flat_max` ranks.
 //!
-//! Two ranks make one exchange ([`pair`]): the dissemination barrier of two, one hop, after
-//! which the rank that came last leaves first. Forced (`RANKWEAVE_BARRIER=linear`), two ranks
-//! run the linear barrier instead: a hop more (0.77 µs against 0.42 here), but rank 0 leaves
-//! first, so in `osu_bcast`'s loop of an 8-byte broadcast from rank 0 and a barrier, rank 1
-//! finds the next broadcast on its way when it gets out: 0.28 µs per broadcast against 0.37
-//! (`bench/ab 7 2 bcast '-m 8:8' new= lin=RANKWEAVE_BARRIER:linear`; MPICH, whose barrier
-//! on shared memory is a gather and a release through flags, 0.32).
+//! Two ranks without flags make one exchange of messages ([`pair`]): the dissemination barrier
+//! of two, one hop, after which the rank that came last leaves first. Forced
+//! (`RANKWEAVE_BARRIER=linear`), two ranks run the linear barrier instead: a hop more (0.77 µs
+//! against 0.42 here), but rank 0 leaves first, so in `osu_bcast`'s loop of an 8-byte
+//! broadcast from rank 0 and a barrier, rank 1 finds the next broadcast on its way when it
+//! gets out: 0.28 µs per broadcast against 0.37 (`bench/ab 7 2 bcast '-m 8:8' new=
+//! lin=RANKWEAVE_BARRIER:linear`; MPICH 0.32). The flag exchange of two has both: one hop, and
+//! rank 1 spins on its flag while rank 0 raises its own and goes on.
+
+use std::task::Poll;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use rankweave_core::tuning::BarrierAlgorithm;
-use rankweave_core::{Communicator, Error};
+use rankweave_core::types::ContextId;
+use rankweave_core::{Communicator, Error, ProgressPolicy};
 
 use crate::CollectiveOp;
 use crate::ctx::Ctx;
 use crate::tree::modular_add;
 
-/// The algorithm for `comm` (of more than 2 ranks).
+/// The algorithm for `comm`: the one forced if it can run here, else on 2 to `flat_max` ranks
+/// the flag barrier where it can run and the linear one where it cannot (on 2 ranks, one
+/// exchange), and dissemination on more.
 pub(crate) fn choose(comm: &Communicator) -> BarrierAlgorithm {
     let tuning = &comm.config().collectives;
-    tuning.barrier.unwrap_or(if comm.size() <= tuning.flat_max {
-        BarrierAlgorithm::Linear
-    } else {
-        BarrierAlgorithm::Dissemination
+    let n = comm.size();
+    let few = n == 2 || n <= tuning.flat_max;
+    let automatic = || {
+        if few && flags_usable(comm) {
+            BarrierAlgorithm::Flags
+        } else if few && n != 2 {
+            BarrierAlgorithm::Linear
+        } else {
+            BarrierAlgorithm::Dissemination
+        }
+    };
+    match tuning.barrier {
+        Some(BarrierAlgorithm::Flags) if !flags_usable(comm) => automatic(),
+        Some(forced) => forced,
+        None => automatic(),
+    }
+}
+
+/// Whether `comm` can run the [flag barrier](flags): the world communicator (there is one flag
+/// per pair of ranks, not per communicator), with every other rank sharing flags with this
+/// one. The same answer on every rank: it depends on where the ranks run, not on their state.
+pub(crate) fn flags_usable(comm: &Communicator) -> bool {
+    comm.context() == ContextId::WORLD
+        && (0..comm.size()).all(|r| r == comm.rank() || comm.has_flags_with(r))
+}
+
+/// Set in a release flag in place of the barrier's number when a rank was found gone: the
+/// low bits name it.
+const FAILED: u64 = 1 << 63;
+
+/// The barrier through flags in shared memory ([`BarrierAlgorithm::Flags`]). The barrier's
+/// sequence number plus one is the value of its round; values only grow, so a flag left from
+/// an earlier barrier is below the round's. Two ranks each raise their flag to the other and
+/// wait for the other's: one trip of a cache line. More are linear: every other rank raises
+/// its flag to rank 0, which raises its own to each of them once it saw them all, and so
+/// leaves first (see the linear barrier). A rank found gone fails the round, and a rank that
+/// fails raises `FAILED` and that rank's number instead of the round to those still waiting
+/// for it, so they fail too rather than wait for a flag that would never come.
+pub(crate) fn flags(comm: &Communicator) -> CollectiveOp<()> {
+    let (me, n) = (comm.rank(), comm.size());
+    let round = comm.next_collective_numbered().0 + 1;
+    let comm = comm.clone();
+    if n == 2 {
+        let other = 1 - me;
+        if let Err(e) = comm.raise_flag(other, round) {
+            return CollectiveOp::failed(me, e);
+        }
+        // Nothing is left that the other rank waits for: the wait runs where polled.
+        return CollectiveOp::here(me, async move {
+            wait_for_flags(&comm, other..other + 1, round).await
+        });
+    }
+    if me == 0 {
+        return CollectiveOp::start(me, async move {
+            let heard = wait_for_flags(&comm, 1..n, round).await;
+            let release = failed_or(&heard, round);
+            let mut result = heard;
+            for r in 1..n {
+                if let Err(e) = comm.raise_flag(r, release) {
+                    result = result.and(Err(e));
+                }
+            }
+            result
+        });
+    }
+    // Rank 0 may be waiting already: the signal goes out at the call.
+    if let Err(e) = comm.raise_flag(0, round) {
+        return CollectiveOp::failed(me, e);
+    }
+    CollectiveOp::here(me, async move { wait_for_flags(&comm, 0..1, round).await })
+}
+
+/// The flag to raise after a wait that ended with `heard`: the round, or word of the rank
+/// found gone.
+fn failed_or(heard: &Result<(), Error>, round: u64) -> u64 {
+    match heard {
+        Ok(()) => round,
+        Err(Error::PeerFailed { rank }) => FAILED | *rank as u64,
+        // A wait fails only for a rank gone (or a bad rank, which cannot happen here).
+        Err(_) => FAILED,
+    }
+}
+
+/// Waits until the ranks `from` have raised their flags to this rank to at least `round`, as
+/// the progress policy says: busy-polling in bursts of [`SPIN_BURST`] (yielding the processor
+/// between looks where ranks outnumber cores) and handing the thread back to the runtime
+/// between bursts, for the spin window; then parked until a flag changes (the transport wakes
+/// it: see [`Communicator::park_on_flags`]).
+async fn wait_for_flags(
+    comm: &Communicator,
+    from: std::ops::Range<usize>,
+    round: u64,
+) -> Result<(), Error> {
+    let config = comm.config();
+    let give_way = config.spin_yield == Some(true);
+    let look = || look_at_flags(comm, from.clone(), round);
+    // When the first burst ended: the spin window counts from there.
+    let mut spun_since: Option<Instant> = None;
+    loop {
+        let spin = match config.progress {
+            ProgressPolicy::Spin => true,
+            ProgressPolicy::Park => false,
+            ProgressPolicy::SpinThenPark => {
+                spun_since.is_none_or(|since| since.elapsed() < config.spin_window())
+            }
+        };
+        if !spin {
+            break;
+        }
+        // The clock is read once every few looks, not before the first: a flag on its way
+        // lands within a few hundred nanoseconds.
+        let mut burst: Option<Instant> = None;
+        let mut looks = 0u32;
+        loop {
+            if let Some(result) = look() {
+                return result;
+            }
+            if give_way {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+            looks += 1;
+            if looks % 32 == 0 {
+                let now = Instant::now();
+                let start = *burst.get_or_insert(now);
+                if now.duration_since(start) >= SPIN_BURST {
+                    spun_since.get_or_insert(start);
+                    break;
+                }
+            }
+        }
+        tokio::task::yield_now().await;
+    }
+    std::future::poll_fn(|cx| {
+        if let Some(result) = look() {
+            return Poll::Ready(result);
+        }
+        comm.park_on_flags(cx.waker());
+        // Raised between the look and the parking: seen now, or it woke us.
+        look().map_or(Poll::Pending, Poll::Ready)
     })
+    .await
+}
+
+/// One busy-poll burst of [`wait_for_flags`], as long as the point-to-point operations' bursts.
+const SPIN_BURST: Duration = Duration::from_micros(1);
+
+/// `Some` once every flag from `from` reached `round`, or a rank that has not is gone, or one
+/// reported a rank gone.
+fn look_at_flags(
+    comm: &Communicator,
+    from: std::ops::Range<usize>,
+    round: u64,
+) -> Option<Result<(), Error>> {
+    for r in from {
+        let flag = match comm.flag_from(r) {
+            Ok(flag) => flag,
+            Err(e) => return Some(Err(e)),
+        };
+        if flag.value & FAILED != 0 {
+            let rank = (flag.value & !FAILED) as usize;
+            return Some(Err(Error::PeerFailed { rank }));
+        }
+        if flag.value < round {
+            return flag.peer_gone.then_some(Err(Error::PeerFailed { rank: r }));
+        }
+    }
+    Some(Ok(()))
 }
 
 pub(crate) async fn dissemination(cx: Ctx) -> Result<(), Error> {

@@ -186,12 +186,10 @@ pub trait Collectives {
 
 impl Collectives for Communicator {
     fn barrier(&self) -> CollectiveOp<()> {
-        // Two ranks make one exchange, the dissemination barrier of two, unless the linear
-        // one is forced: it takes a hop more but lets rank 0 out first (see `barrier`).
-        if self.size() == 2 && self.config().collectives.barrier != Some(BarrierAlgorithm::Linear) {
-            return barrier::pair(self);
-        }
         match (barrier::choose(self), self.rank()) {
+            (BarrierAlgorithm::Flags, _) => barrier::flags(self),
+            // Two ranks: one exchange, the dissemination barrier of two.
+            (BarrierAlgorithm::Dissemination, _) if self.size() == 2 => barrier::pair(self),
             (BarrierAlgorithm::Linear, 0) => start(self, Ok(()), barrier::linear_root),
             (BarrierAlgorithm::Linear, _) => barrier::linear_leaf(self),
             (BarrierAlgorithm::Dissemination, _) => start(self, Ok(()), barrier::dissemination),

@@ -116,21 +116,40 @@ impl<T: Send + 'static> CollectiveOp<T> {
         rank: usize,
         run: impl Future<Output = Result<T, Error>> + Send + 'static,
     ) -> Self {
-        let mut run: BoxedRun<T> = Box::pin(run);
-        // One look first: a collective whose inputs are already here (a late rank's barrier, a
-        // broadcast root's eager sends) finishes at once, without a task and the scheduler
-        // round trips of handing its result back. A pending one is then spawned and polled
-        // again there, which registers the task's waker: nothing this look saw is missed.
-        // (The runtime's handle, a reference count, is only taken then.)
+        Self::first_look(rank, Box::pin(run), |run| {
+            match tokio::runtime::Handle::try_current() {
+                Ok(handle) => State::Spawned(handle.spawn(run)),
+                // No tokio runtime (another executor): it runs when the future is polled.
+                Err(_) => State::Inline(run),
+            }
+        })
+    }
+
+    /// Like [`start`](Self::start), but one still pending after its first look runs only
+    /// where this future is polled, never as a task: for a rank whose remaining part is only
+    /// to wait, with nothing the other ranks wait for (a barrier leaf once it has signalled).
+    pub(crate) fn here(
+        rank: usize,
+        run: impl Future<Output = Result<T, Error>> + Send + 'static,
+    ) -> Self {
+        Self::first_look(rank, Box::pin(run), State::Inline)
+    }
+
+    /// One look first: a collective whose inputs are already here (a late rank's barrier, a
+    /// broadcast root's eager sends) finishes at once, without a task and the scheduler round
+    /// trips of handing its result back. A pending one goes on as `pending` says; a task is
+    /// polled again there, which registers its waker: nothing this look saw is missed. (The
+    /// runtime's handle, a reference count, is only taken then.)
+    fn first_look(
+        rank: usize,
+        mut run: BoxedRun<T>,
+        pending: impl FnOnce(BoxedRun<T>) -> State<T>,
+    ) -> Self {
         let mut cx = Context::from_waker(Waker::noop());
         let first = std::panic::catch_unwind(AssertUnwindSafe(|| run.as_mut().poll(&mut cx)));
         let state = match first {
             Ok(Poll::Ready(result)) => State::Ready(Some(result)),
-            Ok(Poll::Pending) => match tokio::runtime::Handle::try_current() {
-                Ok(handle) => State::Spawned(handle.spawn(run)),
-                // No tokio runtime (another executor): it runs when the future is polled.
-                Err(_) => State::Inline(run),
-            },
+            Ok(Poll::Pending) => pending(run),
             Err(_) => State::Ready(Some(Err(panicked(rank)))),
         };
         CollectiveOp { state, rank }

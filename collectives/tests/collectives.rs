@@ -196,6 +196,91 @@ async fn split_communicators_run_their_own_collectives() {
     }
 }
 
+/// The barrier through shared-memory flags holds every rank, on 1 to 7 ranks (one exchange
+/// of flags on 2, linear through rank 0 on more), with a different rank late each round —
+/// long enough that the others stop spinning and park until the flag wakes them — and
+/// with several barriers in a row, so that a flag left from an earlier round would show. It is
+/// the automatic choice there (a world of shared-memory ranks, up to `flat_max`) as well as
+/// forced, and sends no message either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_flag_barrier_holds_every_rank() {
+    for forced in [None, Some(BarrierAlgorithm::Flags)] {
+        let mut config = Config {
+            transport: rankweave_core::TransportKind::Shm,
+            ..Default::default()
+        };
+        config.collectives.barrier = forced;
+        // Parking soon, so that waiting for the late rank sleeps on the doorbell.
+        config.spin = Some(Duration::from_micros(50));
+        for n in [1, 2, 3, 4, 7] {
+            let arrived = Arc::new(AtomicUsize::new(0));
+            let seen = job_with(n, &config, move |comm| {
+                let arrived = Arc::clone(&arrived);
+                async move {
+                    let mut seen = Vec::new();
+                    let sent = comm.stats().frames_sent;
+                    for round in 1..=6 {
+                        if comm.rank() == round % comm.size() {
+                            tokio::time::sleep(Duration::from_millis(3)).await;
+                        }
+                        arrived.fetch_add(1, Ordering::SeqCst);
+                        comm.barrier().await?;
+                        seen.push(arrived.load(Ordering::SeqCst) >= round * comm.size());
+                        comm.barrier().await?;
+                    }
+                    Ok::<_, Error>((seen, comm.stats().frames_sent - sent))
+                }
+            })
+            .await;
+            for (rank, s) in seen.into_iter().enumerate() {
+                let (seen, frames) = s.unwrap();
+                assert!(
+                    seen.into_iter().all(|ok| ok),
+                    "rank {rank} of {n} left a flag barrier early ({forced:?})"
+                );
+                assert_eq!(frames, 0, "rank {rank} of {n} sent messages ({forced:?})");
+            }
+        }
+    }
+}
+
+/// A forced flag barrier where it cannot run — a communicator other than the world, or no
+/// shared memory — runs the automatic one instead, on every rank alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_flag_barrier_stands_aside_where_it_cannot_run() {
+    for transport in [
+        rankweave_core::TransportKind::Shm,
+        rankweave_core::TransportKind::Inproc,
+    ] {
+        let mut config = Config {
+            transport,
+            ..Default::default()
+        };
+        config.collectives.barrier = Some(BarrierAlgorithm::Flags);
+        let results = job_with(4, &config, |comm| async move {
+            comm.barrier().await?;
+            // Halves, then a duplicate of the world: not the world's context.
+            let half = comm
+                .split(Some((comm.rank() % 2) as u32), 0)
+                .await?
+                .expect("member");
+            for _ in 0..3 {
+                half.barrier().await?;
+            }
+            let dup = comm
+                .split(Some(0), comm.rank() as i32)
+                .await?
+                .expect("member");
+            dup.barrier().await?;
+            comm.barrier().await
+        })
+        .await;
+        for r in results {
+            r.unwrap();
+        }
+    }
+}
+
 /// The collectives over shared-memory segments (ranks of this process talking exactly as
 /// processes would): broadcast from every root, all-reduce, all-to-all and barrier, sizes that
 /// go inline, by single copy and across ring wrap-arounds.

@@ -42,6 +42,6 @@ pub use config::{
 pub use error::{ConfigError, Error, Result, TransportError};
 pub use multicast::{GroupId, MulticastConfig, MulticastFabric, MulticastGroup, MulticastSetup};
 pub use stats::{RouteCounters, ShmCounters, ShmNow, Stats, TransportStats};
-pub use transport::{Arrival, Capabilities, DataWant, EagerTaken, EagerWant, Transport};
+pub use transport::{Arrival, Capabilities, DataWant, EagerTaken, EagerWant, PeerFlag, Transport};
 pub use tuning::CollectiveTuning;
 pub use types::{ContextId, MAX_TAG, Message, Payload, Source, Status, Tag};

@@ -261,4 +261,54 @@ pub trait Transport: Send + Sync + 'static {
             reason: "this transport cannot read a peer's memory".into(),
         })
     }
+
+    /// Whether this rank and world rank `peer` share [flags](Self::raise_flag): a peer on this
+    /// host over shared memory. The default says no.
+    fn has_flags_with(&self, peer: u32) -> bool {
+        let _ = peer;
+        false
+    }
+
+    /// Sets the flag this rank raises to world rank `peer` to `value`: one word per ordered
+    /// pair of local ranks, in shared memory, that the peer reads with
+    /// [`read_flag`](Self::read_flag) — a cache line's trip, where a message takes the whole
+    /// send and receive path. Nothing wakes the peer: it looks. There is one flag per pair,
+    /// not per communicator, so only one user may own it (the world communicator's barrier).
+    /// Only where [`has_flags_with`](Self::has_flags_with) says so; the default fails.
+    fn raise_flag(&self, peer: u32, value: u64) -> Result<(), TransportError> {
+        let _ = (peer, value);
+        Err(TransportError::Unavailable {
+            transport: "flags",
+            reason: "this transport has no flags".into(),
+        })
+    }
+
+    /// The flag world rank `peer` raised to this rank (0 until it raises one), and whether
+    /// `peer` is gone — looked at after the value, so a value raised before the peer went is
+    /// still seen. Only where [`has_flags_with`](Self::has_flags_with) says so; the default
+    /// fails.
+    fn read_flag(&self, peer: u32) -> Result<PeerFlag, TransportError> {
+        let _ = peer;
+        Err(TransportError::Unavailable {
+            transport: "flags",
+            reason: "this transport has no flags".into(),
+        })
+    }
+
+    /// Wakes `waker` once a flag raised to this rank changes (or a peer is found gone). The
+    /// caller then calls [`waiter_parked`](Self::waiter_parked) and looks at its flags once
+    /// more before it sleeps: a flag raised meanwhile is seen then. The default wakes it at
+    /// once, so a waiter on a transport without flags polls instead of sleeping for good.
+    fn park_on_flags(&self, waker: &std::task::Waker) {
+        waker.wake_by_ref();
+    }
+}
+
+/// What [`Transport::read_flag`] saw.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerFlag {
+    /// The last value the peer raised (0: none yet).
+    pub value: u64,
+    /// The peer is gone: nothing more will be raised.
+    pub peer_gone: bool,
 }

@@ -8,8 +8,8 @@
 //! | `RANKWEAVE_ALLREDUCE` | `auto`, `recursive_doubling`, `rabenseifner`, `ring`, `direct` | `auto` |
 //! | `RANKWEAVE_ALLGATHER` | `auto`, `recursive_doubling`, `bruck`, `ring`, `direct` | `auto` |
 //! | `RANKWEAVE_ALLTOALL` | `auto`, `bruck`, `pairwise`, `direct` | `auto` |
-//! | `RANKWEAVE_BARRIER` | `auto`, `dissemination`, `linear` | `auto` |
-//! | `RANKWEAVE_FLAT_MAX` | ranks | 7: on 3 to this many ranks the barrier is linear and broadcasts go from the root to every rank directly |
+//! | `RANKWEAVE_BARRIER` | `auto`, `dissemination`, `linear`, `flags` | `auto` |
+//! | `RANKWEAVE_FLAT_MAX` | ranks | 7: on 3 to this many ranks the barrier is linear (through flags where they can be used) and broadcasts go from the root to every rank directly |
 //! | `RANKWEAVE_BCAST_LARGE` | bytes | 12 KiB: scatter + allgather from here (on more than 2 ranks) |
 //! | `RANKWEAVE_BCAST_CHAIN` | bytes | 4 MiB: pipelined chain from here |
 //! | `RANKWEAVE_ALLREDUCE_LARGE` | bytes | 64 KiB: reduce-scatter + allgather from here |
@@ -54,6 +54,14 @@ pub enum BarrierAlgorithm {
     /// them all. Two hops whatever `n`, and rank 0 leaves first, so a broadcast from it that
     /// follows is already on its way when the others leave.
     Linear,
+    /// Linear through flags in shared memory: every rank raises its flag to rank 0, which
+    /// raises its own to every rank once it saw them all — a cache line's trip per hop where
+    /// a message takes the whole send and receive path (MPICH's barrier on shared memory works
+    /// the same way); on two ranks, one exchange of flags. Only the world communicator, with
+    /// every rank on this host over shared memory, can use it (there is one flag per pair of
+    /// ranks), and there it is the automatic choice on up to `flat_max` ranks (and on two);
+    /// forced elsewhere, the automatic choice stands in.
+    Flags,
 }
 
 /// Allreduce algorithms.
@@ -234,6 +242,7 @@ impl CollectiveTuning {
                 &[
                     ("dissemination", BarrierAlgorithm::Dissemination),
                     ("linear", BarrierAlgorithm::Linear),
+                    ("flags", BarrierAlgorithm::Flags),
                 ],
             )?;
         }

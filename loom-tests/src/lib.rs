@@ -4,7 +4,7 @@
 //! (`#[path = ...]`) against its own [`sync`] module, which re-exports loom's primitives under
 //! the same names as the `sync` modules of `rankweave-transports` and `rankweave-core` re-export
 //! std's (including a loom-checked [`sync::SharedBytes`]). Where a modelled file's items are
-//! only `pub(crate)`, [`ring_api`] and [`doorbell_api`] wrap them one-to-one for the models.
+//! only `pub(crate)`, [`ring_api`], [`doorbell_api`] and [`flags_api`] wrap them one-to-one for the models.
 //! The models live in `tests/`; see `README.md` for how to run them and what each one checks.
 
 /// loom's synchronization primitives under the names the modelled source files import
@@ -463,6 +463,49 @@ pub mod doorbell_api {
         /// `Doorbell::is_armed`.
         pub fn is_armed(&self) -> bool {
             self.0.is_armed()
+        }
+    }
+}
+
+// How a rank notices flags raised to it while it sleeps (its own `//!` docs explain it).
+// Private and used through `flags_api`, for the same doc-link reason as `shm_ring`.
+#[path = "../../transports/src/shm/flags.rs"]
+mod shm_flags;
+
+/// Public wrappers over `FlagWatch` of `transports/src/shm/flags.rs` (compiled here as the
+/// private module `shm_flags`), for the models in `tests/shm_flags.rs`.
+pub mod flags_api {
+    use std::task::Waker;
+
+    use crate::shm_flags as flags;
+    use crate::sync::atomic::AtomicU64;
+
+    /// `shm_flags::FlagWatch`.
+    pub struct FlagWatch(flags::FlagWatch);
+
+    impl FlagWatch {
+        /// `FlagWatch::new`.
+        pub fn new(world: u32) -> FlagWatch {
+            FlagWatch(flags::FlagWatch::new(world))
+        }
+
+        /// `FlagWatch::changed`.
+        pub fn changed<'a>(&self, flags: impl IntoIterator<Item = (u32, &'a AtomicU64)>) -> bool {
+            self.0.changed(flags)
+        }
+
+        /// `FlagWatch::observe`.
+        pub fn observe<'a>(
+            &self,
+            flags: impl IntoIterator<Item = (u32, &'a AtomicU64)>,
+            anyway: bool,
+        ) {
+            self.0.observe(flags, anyway)
+        }
+
+        /// `FlagWatch::park`.
+        pub fn park(&self, waker: &Waker) {
+            self.0.park(waker)
         }
     }
 }

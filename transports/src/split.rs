@@ -119,6 +119,28 @@ impl Transport for SplitTransport {
         }
     }
 
+    fn has_flags_with(&self, peer: u32) -> bool {
+        self.path(peer) == Ok(Path::SharedMemory) && self.local.has_flags_with(peer)
+    }
+
+    fn raise_flag(&self, peer: u32, value: u64) -> Result<(), TransportError> {
+        match self.path(peer)? {
+            Path::SharedMemory => self.local.raise_flag(peer, value),
+            Path::Network => self.network.raise_flag(peer, value),
+        }
+    }
+
+    fn park_on_flags(&self, waker: &std::task::Waker) {
+        self.local.park_on_flags(waker);
+    }
+
+    fn read_flag(&self, peer: u32) -> Result<rankweave_core::transport::PeerFlag, TransportError> {
+        match self.path(peer)? {
+            Path::SharedMemory => self.local.read_flag(peer),
+            Path::Network => self.network.read_flag(peer),
+        }
+    }
+
     fn send(&self, to: u32, frame: Frame) -> Result<(), TransportError> {
         match self.path(to)? {
             Path::SharedMemory => self.local.send(to, frame),

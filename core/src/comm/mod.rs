@@ -15,7 +15,7 @@ use crate::multicast::{GroupId, MulticastGroup, MulticastSetup};
 use crate::protocol::SendStart;
 use crate::runtime::{Driver, RankLife, RecvNow, SendData};
 use crate::stats::Stats;
-use crate::transport::Transport;
+use crate::transport::{PeerFlag, Transport};
 use crate::types::{ContextId, MAX_TAG, Message, Payload, Source, Status, Tag};
 
 pub(crate) use group::Group;
@@ -520,8 +520,17 @@ impl Communicator {
     /// messages use that number (modulo 2³² − 16) as their tag on the collective context; the
     /// top [`RESERVED_COLLECTIVE_TAGS`] tags stay free for collective engines.
     pub fn next_collective(&self) -> u32 {
+        self.next_collective_numbered().1
+    }
+
+    /// [`next_collective`](Self::next_collective), with the collective's whole sequence number
+    /// (from 0; it does not wrap) beside its tag.
+    pub fn next_collective_numbered(&self) -> (u64, u32) {
         let n = self.inner.collectives.fetch_add(1, Ordering::Relaxed);
-        (n % (u64::from(u32::MAX) - RESERVED_COLLECTIVE_TAGS + 1)) as u32
+        (
+            n,
+            (n % (u64::from(u32::MAX) - RESERVED_COLLECTIVE_TAGS + 1)) as u32,
+        )
     }
 
     /// Sends on this communicator's collective context, which user receives never match. For
@@ -610,10 +619,51 @@ impl Communicator {
         self.inner
             .driver
             .read_peer_memory(from, addr, dst)
-            .map_err(|e| match e {
-                TransportError::PeerUnreachable(_) => Error::PeerFailed { rank },
-                e => Error::Transport(e),
-            })
+            .map_err(|e| self.peer_error(rank, e))
+    }
+
+    /// Whether this rank shares flags with `rank` ([`raise_flag`](Self::raise_flag)): a rank
+    /// on this host, over shared memory. For collective engines.
+    pub fn has_flags_with(&self, rank: usize) -> bool {
+        self.check_rank(rank)
+            .is_ok_and(|to| self.inner.driver.has_flags_with(to))
+    }
+
+    /// Sets the flag this rank raises to `rank` to `value` (see
+    /// [`Transport::raise_flag`]): one word per ordered pair of
+    /// local ranks, shared by every communicator, so only the world communicator's barrier
+    /// uses it. A rank that is gone gives [`Error::PeerFailed`].
+    pub fn raise_flag(&self, rank: usize, value: u64) -> Result<(), Error> {
+        let to = self.check_rank(rank)?;
+        self.inner
+            .driver
+            .raise_flag(to, value)
+            .map_err(|e| self.peer_error(rank, e))
+    }
+
+    /// The flag `rank` raised to this rank, and whether `rank` is gone (see
+    /// [`raise_flag`](Self::raise_flag)).
+    pub fn flag_from(&self, rank: usize) -> Result<PeerFlag, Error> {
+        let from = self.check_rank(rank)?;
+        self.inner
+            .driver
+            .read_flag(from)
+            .map_err(|e| self.peer_error(rank, e))
+    }
+
+    /// Makes `waker` woken once a flag raised to this rank changes or a peer is found gone;
+    /// look at the flags ([`flag_from`](Self::flag_from)) once more after this, before
+    /// sleeping. For collective engines that wait on flags longer than their spin window.
+    pub fn park_on_flags(&self, waker: &std::task::Waker) {
+        self.inner.driver.park_on_flags(waker);
+    }
+
+    /// A one-sided operation's failure: a peer unreachable is a peer failed.
+    fn peer_error(&self, rank: usize, e: TransportError) -> Error {
+        match e {
+            TransportError::PeerUnreachable(_) => Error::PeerFailed { rank },
+            e => Error::Transport(e),
+        }
     }
 
     /// Receives on this communicator's collective context (see

@@ -594,6 +594,30 @@ impl Driver {
         self.transport.read_peer_memory(peer, addr, dst)
     }
 
+    /// See [`Transport::has_flags_with`].
+    pub(crate) fn has_flags_with(&self, peer: u32) -> bool {
+        self.transport.has_flags_with(peer)
+    }
+
+    /// See [`Transport::raise_flag`].
+    pub(crate) fn raise_flag(&self, peer: u32, value: u64) -> Result<(), TransportError> {
+        self.transport.raise_flag(peer, value)
+    }
+
+    /// Parks a future waiting on flags: see [`Transport::park_on_flags`].
+    pub(crate) fn park_on_flags(&self, waker: &std::task::Waker) {
+        self.transport.park_on_flags(waker);
+        self.transport.waiter_parked();
+    }
+
+    /// See [`Transport::read_flag`].
+    pub(crate) fn read_flag(
+        &self,
+        peer: u32,
+    ) -> Result<crate::transport::PeerFlag, TransportError> {
+        self.transport.read_flag(peer)
+    }
+
     /// Counters of this rank.
     pub(crate) fn stats(&self) -> Stats {
         let mut stats = self.lock().endpoint.stats();

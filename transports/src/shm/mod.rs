@@ -20,6 +20,7 @@
 mod cma;
 mod copy_path;
 mod doorbell;
+mod flags;
 pub mod host;
 mod inbound;
 mod outbound;
@@ -52,6 +53,7 @@ use inbound::{Inbound, ReadInto};
 use outbound::Outbound;
 use rankweave_core::buffer_pool::BufferPool;
 use rankweave_core::spin_lock::SpinLock;
+use rankweave_core::transport::PeerFlag;
 use ring::RingGeometry;
 use segment::{Owner, SINGLE_COPY_NO, SINGLE_COPY_YES, Segment};
 use signal::SignalSocket;
@@ -251,6 +253,8 @@ pub struct ShmRank {
     /// Until when (nanoseconds after `born`) the progress task keeps looking for offers to
     /// help with, without sleeping: set on each help (see [`HELP_LINGER`]).
     helping_until: AtomicU64,
+    /// Flags raised to this rank as the progress task last saw them, and their waiters.
+    flags: flags::FlagWatch,
     born: Instant,
 }
 
@@ -360,6 +364,22 @@ impl Transport for ShmTransport {
         self.rank.read_peer_memory(peer, addr, dst)
     }
 
+    fn has_flags_with(&self, peer: u32) -> bool {
+        self.rank.has_flags_with(peer)
+    }
+
+    fn raise_flag(&self, peer: u32, value: u64) -> Result<(), TransportError> {
+        self.rank.raise_flag(peer, value)
+    }
+
+    fn read_flag(&self, peer: u32) -> Result<PeerFlag, TransportError> {
+        self.rank.read_flag(peer)
+    }
+
+    fn park_on_flags(&self, waker: &std::task::Waker) {
+        self.rank.park_on_flags(waker);
+    }
+
     fn poll_arrival(&self, cx: &mut Context<'_>) -> Poll<()> {
         self.rank.poll_arrival(cx)
     }
@@ -443,6 +463,7 @@ impl ShmRank {
             counters: Counters::default(),
             prefault_left: AtomicUsize::new(settings.prefault_bytes),
             helping_until: AtomicU64::new(0),
+            flags: flags::FlagWatch::new(world),
             born: Instant::now(),
         })
     }
@@ -783,7 +804,10 @@ impl ShmRank {
         }
         // Rings of senders that said goodbye or broke may hold records never to be read;
         // they are rare, and the cost is one spurious pump.
-        self.unreported.load(Ordering::Acquire) > 0 || self.own.has_unread() || self.helping()
+        self.unreported.load(Ordering::Acquire) > 0
+            || self.own.has_unread()
+            || self.helping()
+            || self.flags.changed(self.own.flags())
     }
 
     fn nanos_since_born(&self) -> u64 {
@@ -1151,6 +1175,8 @@ impl Transport for ShmRank {
         n += self.read_rings(out, false);
         self.observe_receivers();
         self.help_receivers();
+        // A peer gone wakes flag waiters too: the flag they wait for may never come.
+        self.flags.observe(self.own.flags(), !gone.is_empty());
         if !gone.is_empty() {
             n += self.report_lost(gone, out);
         }
@@ -1373,6 +1399,47 @@ impl Transport for ShmRank {
                     message,
                 }
             }
+        })
+    }
+
+    /// Every other rank of the job: they are all on this host (a job that also has ranks
+    /// elsewhere reaches this transport through the split one, which says which are local).
+    /// Decided without connecting, so that every rank answers alike whatever state its peers
+    /// are in.
+    fn has_flags_with(&self, peer: u32) -> bool {
+        peer < self.me.world && peer != self.me.rank
+    }
+
+    fn raise_flag(&self, peer: u32, value: u64) -> Result<(), TransportError> {
+        let p = self.peer(peer)?;
+        if p.gone.load(Ordering::Acquire) {
+            return Err(TransportError::PeerUnreachable(peer as usize));
+        }
+        let line = p
+            .segment
+            .flag_line(self.me.rank)
+            .ok_or(TransportError::PeerUnreachable(peer as usize))?;
+        // Release: what this rank did before raising is visible to a peer that sees the value.
+        line.value.store(value, Ordering::Release);
+        // A peer asleep on its doorbell is woken as for a record (see `flags.rs`).
+        self.nudge(p);
+        Ok(())
+    }
+
+    fn park_on_flags(&self, waker: &std::task::Waker) {
+        self.flags.park(waker);
+    }
+
+    fn read_flag(&self, peer: u32) -> Result<PeerFlag, TransportError> {
+        let p = self.peer(peer)?;
+        let line = self
+            .own
+            .flag_line(peer)
+            .ok_or(TransportError::PeerUnreachable(peer as usize))?;
+        let value = line.value.load(Ordering::Acquire);
+        Ok(PeerFlag {
+            value,
+            peer_gone: p.gone.load(Ordering::Acquire),
         })
     }
 }

@@ -10,7 +10,7 @@
 //! | 64                  | 64               | the owner's [`Doorbell`]                                   |
 //! | 128                 | 64               | number of registered senders (`u32`)                       |
 //! | 192                 | 4 × world, to 64 | registered senders, in registration order (rank + 1)       |
-//! | `pairs`             | stride × world   | per possible sender: [`PairInfo`], [`SplitSlot`], [`RingControl`], data |
+//! | `pairs`             | stride × world   | per possible sender: [`PairInfo`], [`SplitSlot`], [`FlagLine`], [`RingControl`], data |
 //!
 //! A peer maps the segment through `/proc/<owner pid>/fd/<fd>` (the owner publishes both) and
 //! checks the header before trusting anything in it. The file is sized for every world rank,
@@ -31,7 +31,7 @@ use crate::sync::SharedBytes;
 /// "rankweav" in ASCII, little-endian.
 const MAGIC: u64 = u64::from_le_bytes(*b"rankweav");
 /// The layout version this module writes and accepts.
-const VERSION: u32 = 3;
+const VERSION: u32 = 4;
 const LINE: usize = 64;
 
 /// The first cache line of a segment. Written once by the owner before it publishes the
@@ -86,10 +86,23 @@ pub(crate) struct Owner {
     pub(crate) pid: u32,
 }
 
-/// Bytes before a pair's ring control block: its [`PairInfo`] and [`SplitSlot`] lines.
-const PAIR_LINES: usize = 2 * LINE;
-const _: () =
-    assert!(std::mem::size_of::<PairInfo>() == LINE && std::mem::size_of::<SplitSlot>() == LINE);
+/// A word the sender of a pair raises for the owner to watch (see
+/// [`Transport::raise_flag`](rankweave_core::transport::Transport::raise_flag)): a line of its
+/// own, written only by the sender, so that raising it takes the line from nobody but the
+/// owner, who reads it.
+#[repr(C, align(64))]
+pub(crate) struct FlagLine {
+    pub(crate) value: AtomicU64,
+}
+
+/// Bytes before a pair's ring control block: its [`PairInfo`], [`SplitSlot`] and [`FlagLine`]
+/// lines.
+const PAIR_LINES: usize = 3 * LINE;
+const _: () = assert!(
+    std::mem::size_of::<PairInfo>() == LINE
+        && std::mem::size_of::<SplitSlot>() == LINE
+        && std::mem::size_of::<FlagLine>() == LINE
+);
 
 /// Offsets of the parts of a segment, from its world size and ring geometry.
 #[derive(Clone, Copy, Debug)]
@@ -360,6 +373,17 @@ impl Segment {
         (0..self.senders()).any(|i| self.is_unread(i))
     }
 
+    /// The flag words of the registered senders, by sender rank.
+    pub(crate) fn flags(&self) -> impl Iterator<Item = (u32, &AtomicU64)> {
+        (0..self.senders()).filter_map(move |i| {
+            let rank = self
+                .sender_slot(i)?
+                .load(Ordering::Acquire)
+                .checked_sub(1)?;
+            Some((rank, &self.flag_line(rank)?.value))
+        })
+    }
+
     /// How many rings hold records not released yet (for diagnostics).
     pub(crate) fn unread_rings(&self) -> usize {
         (0..self.senders()).filter(|&i| self.is_unread(i)).count()
@@ -436,10 +460,18 @@ impl Segment {
             .map(|p| unsafe { &*p.add(LINE).cast::<SplitSlot>() })
     }
 
+    /// The flag line of the pair from `sender`.
+    pub(crate) fn flag_line(&self, sender: u32) -> Option<&FlagLine> {
+        // SAFETY: the third line of the pair area, one atomic (all zeros: never raised), only
+        // accessed atomically; it lives as long as the mapping.
+        self.pair_base(sender)
+            .map(|p| unsafe { &*p.add(2 * LINE).cast::<FlagLine>() })
+    }
+
     /// The ring from `sender` to the owner: its control block and data area.
     pub(crate) fn ring(&self, sender: u32) -> Option<(&RingControl, SharedBytes)> {
         self.pair_base(sender).map(|p| {
-            // SAFETY: the control block follows the pair-info and split-copy lines; it is made of atomics,
+            // SAFETY: the control block follows the pair-info, split-copy and flag lines; it is made of atomics,
             // for which all zeros is a valid empty ring. The data area follows it, `capacity`
             // bytes inside the mapping, which lives as long as `self` (the returned values
             // borrow or are used only while the segment is held).
