@@ -23,16 +23,13 @@
 //! lin=RANKWEAVE_BARRIER:linear`; MPICH 0.32). The flag exchange of two has both: one hop, and
 //! rank 1 spins on its flag while rank 0 raises its own and goes on.
 
-use std::task::Poll;
-use std::time::{Duration, Instant};
-
 use bytes::Bytes;
 use rankweave_core::tuning::BarrierAlgorithm;
-use rankweave_core::types::ContextId;
-use rankweave_core::{Communicator, Error, ProgressPolicy};
+use rankweave_core::{Communicator, Error};
 
 use crate::CollectiveOp;
 use crate::ctx::Ctx;
+use crate::flag_wait;
 use crate::tree::modular_add;
 
 /// The algorithm for `comm`: the one forced if it can run here, else on 2 to `flat_max` ranks
@@ -43,7 +40,7 @@ pub(crate) fn choose(comm: &Communicator) -> BarrierAlgorithm {
     let n = comm.size();
     let few = n == 2 || n <= tuning.flat_max;
     let automatic = || {
-        if few && flags_usable(comm) {
+        if few && flag_wait::usable(comm) {
             BarrierAlgorithm::Flags
         } else if few && n != 2 {
             BarrierAlgorithm::Linear
@@ -52,18 +49,10 @@ pub(crate) fn choose(comm: &Communicator) -> BarrierAlgorithm {
         }
     };
     match tuning.barrier {
-        Some(BarrierAlgorithm::Flags) if !flags_usable(comm) => automatic(),
+        Some(BarrierAlgorithm::Flags) if !flag_wait::usable(comm) => automatic(),
         Some(forced) => forced,
         None => automatic(),
     }
-}
-
-/// Whether `comm` can run the [flag barrier](flags): the world communicator (there is one flag
-/// per pair of ranks, not per communicator), with every other rank sharing flags with this
-/// one. The same answer on every rank: it depends on where the ranks run, not on their state.
-pub(crate) fn flags_usable(comm: &Communicator) -> bool {
-    comm.context() == ContextId::WORLD
-        && (0..comm.size()).all(|r| r == comm.rank() || comm.has_flags_with(r))
 }
 
 /// Set in a release flag in place of the barrier's number when a rank was found gone: the
@@ -123,70 +112,15 @@ fn failed_or(heard: &Result<(), Error>, round: u64) -> u64 {
     }
 }
 
-/// Waits until the ranks `from` have raised their flags to this rank to at least `round`, as
-/// the progress policy says: busy-polling in bursts of [`SPIN_BURST`] (yielding the processor
-/// between looks where ranks outnumber cores) and handing the thread back to the runtime
-/// between bursts, for the spin window; then parked until a flag changes (the transport wakes
-/// it: see [`Communicator::park_on_flags`]).
+/// Waits until the ranks `from` have raised their flags to this rank to at least `round` (see
+/// [`flag_wait::until`]).
 async fn wait_for_flags(
     comm: &Communicator,
     from: std::ops::Range<usize>,
     round: u64,
 ) -> Result<(), Error> {
-    let config = comm.config();
-    let give_way = config.spin_yield == Some(true);
-    let look = || look_at_flags(comm, from.clone(), round);
-    // When the first burst ended: the spin window counts from there.
-    let mut spun_since: Option<Instant> = None;
-    loop {
-        let spin = match config.progress {
-            ProgressPolicy::Spin => true,
-            ProgressPolicy::Park => false,
-            ProgressPolicy::SpinThenPark => {
-                spun_since.is_none_or(|since| since.elapsed() < config.spin_window())
-            }
-        };
-        if !spin {
-            break;
-        }
-        // The clock is read once every few looks, not before the first: a flag on its way
-        // lands within a few hundred nanoseconds.
-        let mut burst: Option<Instant> = None;
-        let mut looks = 0u32;
-        loop {
-            if let Some(result) = look() {
-                return result;
-            }
-            if give_way {
-                std::thread::yield_now();
-            } else {
-                std::hint::spin_loop();
-            }
-            looks += 1;
-            if looks % 32 == 0 {
-                let now = Instant::now();
-                let start = *burst.get_or_insert(now);
-                if now.duration_since(start) >= SPIN_BURST {
-                    spun_since.get_or_insert(start);
-                    break;
-                }
-            }
-        }
-        tokio::task::yield_now().await;
-    }
-    std::future::poll_fn(|cx| {
-        if let Some(result) = look() {
-            return Poll::Ready(result);
-        }
-        comm.park_on_flags(cx.waker());
-        // Raised between the look and the parking: seen now, or it woke us.
-        look().map_or(Poll::Pending, Poll::Ready)
-    })
-    .await
+    flag_wait::until(comm, || look_at_flags(comm, from.clone(), round)).await
 }
-
-/// One busy-poll burst of [`wait_for_flags`], as long as the point-to-point operations' bursts.
-const SPIN_BURST: Duration = Duration::from_micros(1);
 
 /// `Some` once every flag from `from` reached `round`, or a rank that has not is gone, or one
 /// reported a rank gone.

@@ -46,6 +46,7 @@ mod broadcast;
 mod ctx;
 mod exposure;
 mod filling;
+mod flag_wait;
 mod gather;
 pub mod mcast;
 pub mod op;

@@ -651,6 +651,14 @@ impl Communicator {
             .map_err(|e| self.peer_error(rank, e))
     }
 
+    /// Says that a future is about to spin on flags for a burst: as while a receive busy-polls,
+    /// peers need not wake this rank for the flags they raise (a wake-up costs a system call
+    /// on each side). A future that stops spinning parks with
+    /// [`park_on_flags`](Self::park_on_flags), which restores the wake-ups.
+    pub fn spinning_on_flags(&self) {
+        self.inner.driver.spin_burst_on_flags();
+    }
+
     /// Makes `waker` woken once a flag raised to this rank changes or a peer is found gone;
     /// look at the flags ([`flag_from`](Self::flag_from)) once more after this, before
     /// sleeping. For collective engines that wait on flags longer than their spin window.

@@ -604,6 +604,12 @@ impl Driver {
         self.transport.raise_flag(peer, value)
     }
 
+    /// A future spins on flags for a burst: as for a busy-polling receive, the transport may
+    /// stop having producers signal (see [`Transport::begin_busy_poll`]).
+    pub(crate) fn spin_burst_on_flags(&self) {
+        drop(BusyPoll::new(&*self.transport));
+    }
+
     /// Parks a future waiting on flags: see [`Transport::park_on_flags`].
     pub(crate) fn park_on_flags(&self, waker: &std::task::Waker) {
         self.transport.park_on_flags(waker);

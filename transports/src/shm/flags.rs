@@ -7,7 +7,7 @@
 //! the rank, having armed its doorbell, looks at its flags once more before it sleeps — the
 //! same Dekker handshake as for records (see `doorbell.rs`), with the flag's store in place of
 //! the record's stamp. So the progress task counts a flag that changed as work
-//! ([`FlagWatch::changed`], part of `has_work`), and when it next drains it notes the new
+//! ([`FlagWatch::changed`], part of `has_work_or_flags`), and when it next drains it notes the new
 //! values and wakes the futures parked on flags ([`FlagWatch::observe`]). Noting the values
 //! keeps a flag nobody waits for yet from counting as work again and again.
 //!

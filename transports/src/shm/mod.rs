@@ -534,7 +534,7 @@ impl ShmRank {
             now.queued_records += out.queued() as u64;
             now.blocked_peers += u64::from(out.is_blocked());
         }
-        now.has_work = self.has_work();
+        now.has_work = self.has_work_or_flags();
         now
     }
 
@@ -804,10 +804,16 @@ impl ShmRank {
         }
         // Rings of senders that said goodbye or broke may hold records never to be read;
         // they are rare, and the cost is one spurious pump.
-        self.unreported.load(Ordering::Acquire) > 0
-            || self.own.has_unread()
-            || self.helping()
-            || self.flags.changed(self.own.flags())
+        self.unreported.load(Ordering::Acquire) > 0 || self.own.has_unread() || self.helping()
+    }
+
+    /// [`has_work`](Self::has_work), or a flag raised to this rank that the progress task has
+    /// not noted yet (its drain wakes the futures parked on flags). What the progress task
+    /// checks before it sleeps, and after arming the doorbell. Busy-polling futures check only
+    /// `has_work`: they wait for messages, a future waiting on a flag looks at it itself, and
+    /// the scan of every sender's flag would lengthen each of their polls.
+    fn has_work_or_flags(&self) -> bool {
+        self.has_work() || self.flags.changed(self.own.flags())
     }
 
     fn nanos_since_born(&self) -> u64 {
@@ -1243,7 +1249,7 @@ impl Transport for ShmRank {
         park.look_anyway = None;
         park.waker = Some(cx.waker().clone());
         park.nudged = false;
-        if signalled || self.has_work() {
+        if signalled || self.has_work_or_flags() {
             if looked_anyway && !signalled {
                 bump(&self.counters.wakeups_missed, 1);
                 tracing::warn!(
@@ -1260,7 +1266,7 @@ impl Transport for ShmRank {
             return self.poll_recheck(&mut park, cx);
         }
         doorbell.arm();
-        if self.has_work() {
+        if self.has_work_or_flags() {
             return ready(&mut park);
         }
         park.recheck = None;
@@ -1308,7 +1314,7 @@ impl Transport for ShmRank {
             self.own.doorbell().arm();
             // Anything that arrived before the arm is taken in by the parking future's own
             // check (the driver pumps after this) or wakes the progress task here.
-            if self.has_work() {
+            if self.has_work_or_flags() {
                 self.own.doorbell().disarm();
                 if let Some(w) = &park.waker {
                     w.wake_by_ref();
