@@ -111,15 +111,31 @@ fn child() {
     let Ok(mode) = std::env::var("RW_SHM_CHILD") else {
         return;
     };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    // One thread, as `rw-bench` runs a rank, for the broadcast job: its progress task then
+    // runs only when the rank's own futures let it.
+    let mut builder = if mode == "bcast-learns" {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(2);
+        b
+    };
+    let rt = builder.enable_all().build().unwrap();
     rt.block_on(async {
         let world = rankweave::init().await.expect("init");
         let (me, n) = (world.rank(), world.size());
         println!("pid {}", std::process::id());
+        if mode == "bcast-learns" {
+            let data = bytes::Bytes::from(vec![7u8; 64 << 10]);
+            for _ in 0..40 {
+                let got = world.broadcast(0, data.clone()).await.expect("broadcast");
+                assert_eq!(got, data);
+                world.barrier().await.expect("barrier");
+            }
+            let shm = world.stats().transport.shm;
+            println!("rank {me}: single copies {}", shm.single_copy_sent);
+            return;
+        }
         let victim = 2;
         if mode == "barrier-victim" {
             // Barriers through flags until rank 2 dies before its fourth: rank 0 waits for
@@ -168,6 +184,35 @@ fn child() {
             }
         }
     });
+}
+
+/// A rank spinning in a flag barrier takes in what arrives meanwhile, as a rank waiting for a
+/// message would: here, the word that its last large send was read, which the choice between
+/// the pipelined copy and single copy learns from. Without it, a broadcast root (one thread,
+/// as `rw-bench` runs a rank) whose only other traffic was flag barriers never saw a timed
+/// send end, never timed another, and never tried single copy: every 64 KiB body went
+/// pipelined, 8.8 µs a broadcast where single copy takes 3.5.
+#[test]
+fn a_root_in_flag_barriers_learns_its_copy_path() {
+    let exe = std::env::current_exe().unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_rwrun"));
+    cmd.args(["-n", "2", "--no-tag-output", "--"])
+        .arg(&exe)
+        .args(["--exact", "child", "--nocapture", "--test-threads", "1"])
+        .env("RW_SHM_CHILD", "bcast-learns")
+        .env_remove("RANKWEAVE_TRANSPORT")
+        .env_remove("RANKWEAVE_BARRIER");
+    let out = run_with_deadline(cmd, Duration::from_secs(60));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let copies: u64 = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("rank 0: single copies "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no count from rank 0 in\n{stdout}\n{stderr}"));
+    // Each path is tried before either is trusted: the second timed send goes by single copy.
+    assert!(copies >= 1, "the root never tried single copy\n{stdout}");
 }
 
 /// Every shared-memory segment a process of `pids` created and that some process still

@@ -653,8 +653,9 @@ impl Communicator {
 
     /// Says that a future is about to spin on flags for a burst: as while a receive busy-polls,
     /// peers need not wake this rank for the flags they raise (a wake-up costs a system call
-    /// on each side). A future that stops spinning parks with
-    /// [`park_on_flags`](Self::park_on_flags), which restores the wake-ups.
+    /// on each side), and what arrived meanwhile is taken in (a busy-polling receive would
+    /// have). A future that stops spinning parks with [`park_on_flags`](Self::park_on_flags),
+    /// which restores the wake-ups.
     pub fn spinning_on_flags(&self) {
         self.inner.driver.spin_burst_on_flags();
     }

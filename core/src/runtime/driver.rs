@@ -605,9 +605,15 @@ impl Driver {
     }
 
     /// A future spins on flags for a burst: as for a busy-polling receive, the transport may
-    /// stop having producers signal (see [`Transport::begin_busy_poll`]).
+    /// stop having producers signal (see [`Transport::begin_busy_poll`]), and what the
+    /// transport may have for this rank is taken in, as a busy-polling receive takes it in:
+    /// messages for other futures, and word of sends the receiver has finished with (a timed
+    /// send's end, which the shared-memory transport's choice of copy path learns from).
     pub(crate) fn spin_burst_on_flags(&self) {
         drop(BusyPoll::new(&*self.transport));
+        if self.transport.may_have_arrivals() {
+            self.progress();
+        }
     }
 
     /// Parks a future waiting on flags: see [`Transport::park_on_flags`].
