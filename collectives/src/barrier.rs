@@ -113,13 +113,14 @@ fn failed_or(heard: &Result<(), Error>, round: u64) -> u64 {
 }
 
 /// Waits until the ranks `from` have raised their flags to this rank to at least `round` (see
-/// [`flag_wait::until`]).
+/// [`Communicator::wait_on_flags`]).
 async fn wait_for_flags(
     comm: &Communicator,
     from: std::ops::Range<usize>,
     round: u64,
 ) -> Result<(), Error> {
-    flag_wait::until(comm, || look_at_flags(comm, from.clone(), round)).await
+    comm.wait_on_flags(|| look_at_flags(comm, from.clone(), round))
+        .await
 }
 
 /// `Some` once every flag from `from` reached `round`, or a rank that has not is gone, or one

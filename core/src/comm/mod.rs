@@ -651,20 +651,16 @@ impl Communicator {
             .map_err(|e| self.peer_error(rank, e))
     }
 
-    /// Says that a future is about to spin on flags for a burst: as while a receive busy-polls,
-    /// peers need not wake this rank for the flags they raise (a wake-up costs a system call
-    /// on each side), and what arrived meanwhile is taken in (a busy-polling receive would
-    /// have). A future that stops spinning parks with [`park_on_flags`](Self::park_on_flags),
-    /// which restores the wake-ups.
-    pub fn spinning_on_flags(&self) {
-        self.inner.driver.spin_burst_on_flags();
-    }
-
-    /// Makes `waker` woken once a flag raised to this rank changes or a peer is found gone;
-    /// look at the flags ([`flag_from`](Self::flag_from)) once more after this, before
-    /// sleeping. For collective engines that wait on flags longer than their spin window.
-    pub fn park_on_flags(&self, waker: &std::task::Waker) {
-        self.inner.driver.park_on_flags(waker);
+    /// Waits until `look` (which reads flags: [`flag_from`](Self::flag_from)) answers, with
+    /// the rank's progress policy, as a receive waits: busy-polling in short bursts for the
+    /// spin window, taking in what arrives for the rank meanwhile, then parked until a flag
+    /// raised to this rank changes or a peer is found gone. For collective engines.
+    pub fn wait_on_flags<'a, T>(
+        &'a self,
+        mut look: impl FnMut() -> Option<T> + 'a,
+    ) -> impl Future<Output = T> + 'a {
+        let mut wait = crate::runtime::Wait::default();
+        std::future::poll_fn(move |cx| self.inner.driver.poll_flags(cx, &mut wait, &mut look))
     }
 
     /// A one-sided operation's failure: a peer unreachable is a peer failed.

@@ -527,46 +527,16 @@ impl Driver {
             return Poll::Ready(r);
         }
         if wait.should_spin(&self.config) {
-            let _busy = BusyPoll::new(&*self.transport);
-            // The clock is first read after a few polls, not before the first: a reply on its
-            // way lands within a few hundred nanoseconds, and three clock reads (some 20 ns
-            // each here) ahead of the first look would add to its latency.
-            let mut burst: Option<Instant> = None;
-            let mut polls = 0u32;
-            let give_way = self.config.spin_yield == Some(true);
-            loop {
-                if give_way {
-                    // More ranks than cores: let the one we wait for run.
-                    std::thread::yield_now();
-                } else {
-                    std::hint::spin_loop();
-                }
-                // Watch the transport's doorbell (one load) and take the lock only when something
-                // arrived: the reply is seen as soon as its cache line lands.
+            // Watch the transport's doorbell (one load) and take the lock only when something
+            // arrived: the reply is seen as soon as its cache line lands.
+            let answer = self.spin_burst(wait, || {
                 if self.transport.may_have_arrivals() {
-                    if let Some(r) = self.check_or_pump(true, &mut check) {
-                        return Poll::Ready(r);
-                    }
+                    self.check_or_pump(true, &mut check)
+                } else {
+                    None
                 }
-                polls += 1;
-                // The clock is read once every few polls: it costs more than a poll.
-                if polls % CLOCK_EVERY == 0 {
-                    let now = Instant::now();
-                    let start = *burst.get_or_insert(now);
-                    if now.duration_since(start) >= SPIN_BURST {
-                        wait.spinning_since(start);
-                        break;
-                    }
-                }
-            }
-            // Data moving for this rank (a long frame going out or coming in piece by piece)
-            // restarts the spin window: a transfer longer than the window is not left to
-            // wake-ups, one per ring of pieces.
-            wait.saw_traffic(self.transport.traffic());
-            // Yield and come straight back: other tasks on this worker run in between, and no
-            // wake-up (syscall) is needed to resume.
-            cx.waker().wake_by_ref();
-            return Poll::Pending;
+            });
+            return self.after_burst(cx, answer);
         }
         // Park: register, then check once more so a completion between the two is not missed.
         self.transport.waiter_parked();
@@ -577,6 +547,88 @@ impl Driver {
                 Poll::Pending
             }
         })
+    }
+
+    /// One busy-poll burst of a waiting future, registered with the transport as a busy poller
+    /// (so arrivals do not wake the progress task): `poll` each turn until it answers or
+    /// [`SPIN_BURST`] has passed. The registration never outlives the burst: a future polled
+    /// once and then kept without being polled (say under `timeout(d, &mut op)`) cannot leave
+    /// it behind.
+    fn spin_burst<T>(&self, wait: &mut Wait, mut poll: impl FnMut() -> Option<T>) -> Option<T> {
+        let _busy = BusyPoll::new(&*self.transport);
+        // The clock is first read after a few polls, not before the first: a reply on its
+        // way lands within a few hundred nanoseconds, and three clock reads (some 20 ns
+        // each here) ahead of the first look would add to its latency.
+        let mut burst: Option<Instant> = None;
+        let mut polls = 0u32;
+        let give_way = self.config.spin_yield == Some(true);
+        loop {
+            if give_way {
+                // More ranks than cores: let the one we wait for run.
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+            if let Some(r) = poll() {
+                return Some(r);
+            }
+            polls += 1;
+            // The clock is read once every few polls: it costs more than a poll.
+            if polls % CLOCK_EVERY == 0 {
+                let now = Instant::now();
+                let start = *burst.get_or_insert(now);
+                if now.duration_since(start) >= SPIN_BURST {
+                    wait.spinning_since(start);
+                    // Data moving for this rank (a long frame going out or coming in piece by
+                    // piece) restarts the spin window: a transfer longer than the window is
+                    // not left to wake-ups, one per ring of pieces.
+                    wait.saw_traffic(self.transport.traffic());
+                    return None;
+                }
+            }
+        }
+    }
+
+    /// The end of a burst: its answer, or yield and come straight back (other tasks on this
+    /// worker run in between, and no wake-up, a system call, is needed to resume).
+    fn after_burst<T>(&self, cx: &mut Context<'_>, answer: Option<T>) -> Poll<T> {
+        match answer {
+            Some(r) => Poll::Ready(r),
+            None => {
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
+        }
+    }
+
+    /// Polls a wait on flags (see [`Transport::raise_flag`]) with the rank's progress policy,
+    /// as [`poll_op`](Self::poll_op) polls an operation: `look` reads the flags, without the
+    /// lock. While spinning, what arrives for the rank is taken in as a busy-polling receive
+    /// takes it in — messages for other futures, and word of sends the receiver has finished
+    /// with (a timed send's end, which the shared-memory transport's choice of copy path
+    /// learns from). Parked, the transport wakes it when a flag changes.
+    pub(crate) fn poll_flags<T>(
+        &self,
+        cx: &mut Context<'_>,
+        wait: &mut Wait,
+        mut look: impl FnMut() -> Option<T>,
+    ) -> Poll<T> {
+        if let Some(r) = look() {
+            return Poll::Ready(r);
+        }
+        if wait.should_spin(&self.config) {
+            let answer = self.spin_burst(wait, || {
+                if self.transport.may_have_arrivals() {
+                    self.progress();
+                }
+                look()
+            });
+            return self.after_burst(cx, answer);
+        }
+        self.transport.park_on_flags(cx.waker());
+        self.transport.waiter_parked();
+        // Raised between the look and the parking: seen now, or it wakes us.
+        look().map_or(Poll::Pending, Poll::Ready)
     }
 
     /// See [`Transport::can_read_peer_memory`].
@@ -602,24 +654,6 @@ impl Driver {
     /// See [`Transport::raise_flag`].
     pub(crate) fn raise_flag(&self, peer: u32, value: u64) -> Result<(), TransportError> {
         self.transport.raise_flag(peer, value)
-    }
-
-    /// A future spins on flags for a burst: as for a busy-polling receive, the transport may
-    /// stop having producers signal (see [`Transport::begin_busy_poll`]), and what the
-    /// transport may have for this rank is taken in, as a busy-polling receive takes it in:
-    /// messages for other futures, and word of sends the receiver has finished with (a timed
-    /// send's end, which the shared-memory transport's choice of copy path learns from).
-    pub(crate) fn spin_burst_on_flags(&self) {
-        drop(BusyPoll::new(&*self.transport));
-        if self.transport.may_have_arrivals() {
-            self.progress();
-        }
-    }
-
-    /// Parks a future waiting on flags: see [`Transport::park_on_flags`].
-    pub(crate) fn park_on_flags(&self, waker: &std::task::Waker) {
-        self.transport.park_on_flags(waker);
-        self.transport.waiter_parked();
     }
 
     /// See [`Transport::read_flag`].
