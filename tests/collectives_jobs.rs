@@ -32,17 +32,21 @@ fn every_collective_under_rwrun_on_3_and_4_processes() {
 /// Over shared memory with the direct all-reduce, all-gather and all-to-all taken from 1 KiB
 /// (not only from 1 MiB and 64 KiB), so that every size the example tries from 1000 elements
 /// up, on 2, 3 and 5 processes (blocks of uneven length for the all-reduce), reads the other
-/// processes' vectors with `process_vm_readv`.
+/// processes' vectors: with `process_vm_readv`, and the all-reduce's inputs with loads from
+/// the peers' arenas where they fit.
 #[test]
 fn all_reduce_all_gather_and_all_to_all_by_direct_reads_between_processes() {
-    for n in [2, 3, 5] {
+    // With arenas (the default: all-reduce inputs that fit are read with loads) on 2, 3 and 5
+    // processes, and without (read with `process_vm_readv`) on 3.
+    for (n, arena) in [(2, "4m"), (3, "4m"), (5, "4m"), (3, "0")] {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_rwrun"));
         cmd.args(["-n", &n.to_string(), "--no-tag-output", "--timeout", "170"])
             .arg(example("collectives"))
             .env_remove("RANKWEAVE_TRANSPORT")
             .env("RANKWEAVE_ALLREDUCE_DIRECT", "1k")
             .env("RANKWEAVE_ALLGATHER_DIRECT", "1k")
-            .env("RANKWEAVE_ALLTOALL_DIRECT", "1k");
+            .env("RANKWEAVE_ALLTOALL_DIRECT", "1k")
+            .env("RANKWEAVE_SHM_ARENA", arena);
         assert_checked(&run_with_deadline(cmd, Duration::from_secs(180)), n);
     }
 }

@@ -20,39 +20,69 @@ use crate::Element;
 use crate::ctx::{Ctx, length_mismatch};
 use crate::filling::Filling;
 
-/// An announcement: the buffer's address (u64 LE), its length in elements (u64 LE), and 1 if
-/// the sender can read every other rank's memory, else 0.
+/// An announcement: the buffer's address (u64 LE), its length in elements (u64 LE), and a
+/// byte of [`ABLE`] and [`IN_ARENA`].
 const ANNOUNCEMENT: usize = 17;
+/// The sender can read every other rank's memory.
+const ABLE: u8 = 1;
+/// The buffer is at the start of the sender's [arena](rankweave_core::arena): a rank that has
+/// it mapped reads it with loads.
+const IN_ARENA: u8 = 2;
 
-fn announcement(addr: u64, len: usize, able: bool) -> Bytes {
+/// Where a rank's buffer is, as it announced it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Exposure {
+    /// Its address in the rank's process.
+    pub addr: u64,
+    /// It is at the start of the rank's arena.
+    pub in_arena: bool,
+}
+
+/// What a rank says of its buffer and of itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Announcement {
+    exposure: Exposure,
+    len: usize,
+    able: bool,
+}
+
+fn announcement(a: Announcement) -> Bytes {
     let mut b = BytesMut::with_capacity(ANNOUNCEMENT);
-    b.put_u64_le(addr);
-    b.put_u64_le(len as u64);
-    b.put_u8(u8::from(able));
+    b.put_u64_le(a.exposure.addr);
+    b.put_u64_le(a.len as u64);
+    let in_arena = if a.exposure.in_arena { IN_ARENA } else { 0 };
+    b.put_u8(if a.able { ABLE } else { 0 } | in_arena);
     b.freeze()
 }
 
-/// An announcement from `from`: (address, length, able). Anything else is [`Error::Protocol`].
-fn parse(from: usize, m: &[u8]) -> Result<(u64, usize, bool), Error> {
+/// An announcement from `from`. Anything else is [`Error::Protocol`].
+fn parse(from: usize, m: &[u8]) -> Result<Announcement, Error> {
     let bad = || Error::Protocol {
         peer: from,
         detail: format!("malformed direct-read announcement ({} bytes)", m.len()),
     };
-    if m.len() != ANNOUNCEMENT || m[16] > 1 {
+    if m.len() != ANNOUNCEMENT || m[16] & !(ABLE | IN_ARENA) != 0 {
         return Err(bad());
     }
     let word = |at: usize| u64::from_le_bytes(m[at..at + 8].try_into().unwrap_or_default());
     let len = usize::try_from(word(8)).map_err(|_| bad())?;
-    Ok((word(0), len, m[16] == 1))
+    Ok(Announcement {
+        exposure: Exposure {
+            addr: word(0),
+            in_arena: m[16] & IN_ARENA != 0,
+        },
+        len,
+        able: m[16] & ABLE != 0,
+    })
 }
 
 /// What the announcements said.
 pub(crate) enum Announced {
     /// Some rank cannot read every other's memory: nobody reads, and nobody waits for "done".
     Declined,
-    /// Every rank can: the address of each rank's buffer (this rank's own included), or the
-    /// failure that stops this rank's reads (it still takes part in [`done`]).
-    Exposed(Result<Vec<u64>, Error>),
+    /// Every rank can: where each rank's buffer is (this rank's own included), or the failure
+    /// that stops this rank's reads (it still takes part in [`done`]).
+    Exposed(Result<Vec<Exposure>, Error>),
 }
 
 /// The other ranks, from the next one on (so that not every rank reads from rank 0 first).
@@ -61,26 +91,29 @@ pub(crate) fn peers(cx: &Ctx) -> impl Iterator<Item = usize> + use<> {
     (1..n).map(move |k| (me + k) % n)
 }
 
-/// Step 1 (see the [module docs](self)) for a buffer of `len` elements at `addr`.
-pub(crate) async fn announce(cx: &Ctx, addr: u64, len: usize) -> Announced {
+/// Step 1 (see the [module docs](self)) for a buffer of `len` elements at `mine`.
+pub(crate) async fn announce(cx: &Ctx, mine: Exposure, len: usize) -> Announced {
     let able = peers(cx).all(|q| cx.comm.can_read_memory_of(q));
-    let mine = announcement(addr, len, able);
+    let said = announcement(Announcement {
+        exposure: mine,
+        len,
+        able,
+    });
     let arriving: Vec<_> = peers(cx)
         .map(|q| (q, cx.comm.collective_recv(q, cx.tag)))
         .collect();
-    let sent: Vec<_> = peers(cx).map(|q| cx.send(q, mine.clone())).collect();
-    let mut addrs = vec![0u64; cx.size];
-    addrs[cx.rank] = addr;
+    let sent: Vec<_> = peers(cx).map(|q| cx.send(q, said.clone())).collect();
+    let mut addrs = vec![mine; cx.size];
     let mut everyone_able = able;
     let mut failure = None;
     for (q, recv) in arriving {
         match recv.await.and_then(|m| parse(q, &m.into_data())) {
-            Ok((_, theirs, _)) if theirs != len => {
-                failure.get_or_insert(length_mismatch(q, len, theirs));
+            Ok(theirs) if theirs.len != len => {
+                failure.get_or_insert(length_mismatch(q, len, theirs.len));
             }
-            Ok((at, _, able)) => {
-                addrs[q] = at;
-                everyone_able &= able;
+            Ok(theirs) => {
+                addrs[q] = theirs.exposure;
+                everyone_able &= theirs.able;
             }
             Err(e) => {
                 failure.get_or_insert(e);
@@ -131,12 +164,16 @@ pub(crate) async fn read_blocks<T: Element>(
     result: &mut Filling<T>,
     offset: impl Fn(usize) -> u64,
 ) -> Option<Result<(), Error>> {
-    let Announced::Exposed(addrs) = announce(cx, addr, len).await else {
+    let mine = Exposure {
+        addr,
+        in_arena: false,
+    };
+    let Announced::Exposed(addrs) = announce(cx, mine, len).await else {
         return None;
     };
     let read = addrs.and_then(|addrs| {
         // A bogus announced address is for the kernel to refuse.
-        peers(cx).try_for_each(|q| result.read_block(cx, q, addrs[q].wrapping_add(offset(q))))
+        peers(cx).try_for_each(|q| result.read_block(cx, q, addrs[q].addr.wrapping_add(offset(q))))
     });
     Some(done(cx, read.err()).await)
 }
@@ -147,11 +184,21 @@ mod tests {
 
     #[test]
     fn announcements_round_trip_and_bad_ones_are_protocol_errors() {
-        let a = announcement(0xdead_beef, 12345, true);
-        assert_eq!(parse(3, &a).unwrap(), (0xdead_beef, 12345, true));
-        let b = announcement(8, 0, false);
-        assert_eq!(parse(3, &b).unwrap(), (8, 0, false));
-        for bad in [&a[..16], &[0u8; 18][..], &[2u8; 17][..]] {
+        let said = |addr, in_arena, len, able| Announcement {
+            exposure: Exposure { addr, in_arena },
+            len,
+            able,
+        };
+        for a in [
+            said(0xdead_beef, false, 12345, true),
+            said(8, false, 0, false),
+            said(4096, true, 7, true),
+            said(4096, true, 7, false),
+        ] {
+            assert_eq!(parse(3, &announcement(a)).unwrap(), a);
+        }
+        let a = announcement(said(1, false, 1, true));
+        for bad in [&a[..16], &[0u8; 18][..], &[4u8; 17][..]] {
             match parse(3, bad) {
                 Err(Error::Protocol { peer: 3, .. }) => {}
                 other => panic!("{other:?}"),

@@ -259,12 +259,12 @@ impl Collectives for Communicator {
     ) -> CollectiveOp<Vec<T>> {
         let op = op.into();
         let check = op.check();
-        let data = byte_copy::vec_from(data);
         let cx = Ctx::next(self);
         if check.is_ok() && cx.size == 2 && allreduce::is_one_exchange(&cx, &op, data.len()) {
-            return allreduce::pair(cx, data, op);
+            return allreduce::pair(cx, byte_copy::vec_from(data), op);
         }
-        start_in(cx, check, move |cx| allreduce::run(cx, data, op))
+        let input = allreduce::input(&cx, &op, data);
+        start_in(cx, check, move |cx| allreduce::run(cx, input, op))
     }
 
     fn gather<T: Element>(&self, root: usize, data: &[T]) -> CollectiveOp<Option<Vec<T>>> {

@@ -516,16 +516,108 @@ async fn allreduce_by_direct_reads_over_shared_memory() {
     }
 }
 
+/// A direct all-reduce copies its input into the rank's shared-memory arena, from which the
+/// peers read it with loads, and holds the arena until every peer is done: the arena is taken
+/// right after the call and free again once the result is in. A rank whose arena is taken
+/// (held here by the test, or by a second all-reduce in flight) copies into a vector of its
+/// own and is read with `process_vm_readv` — mixed with peers read by loads, the results are
+/// the same. So are they with arenas off and with vectors too large for the arena.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn direct_allreduces_read_peers_arenas_and_give_them_back() {
+    // 128 KiB of u32: direct reads through arenas on 2 ranks (from 64 KiB) and on more (from
+    // 128 KiB) by default.
+    let len = 1 << 15;
+    let value = |rank: usize, i: usize| (rank as u32 + 1).wrapping_mul(i as u32 ^ 0x9e37);
+    let expected = move |n: usize| -> Vec<u32> {
+        (0..len)
+            .map(|i| (0..n).fold(0u32, |acc, r| acc.wrapping_add(value(r, i))))
+            .collect()
+    };
+    for (arena, n) in [
+        (4 << 20, 2),
+        (4 << 20, 3),
+        (4 << 20, 4),
+        (0, 3),
+        (64 << 10, 2),
+    ] {
+        let mut config = Config {
+            transport: TransportKind::Shm,
+            ..Config::default()
+        };
+        config.shm.arena_bytes = arena;
+        let uses_arena = arena >= len * 4;
+        let got = job_with(n, &config, move |comm| async move {
+            let r = comm.rank();
+            let mine: Vec<u32> = (0..len).map(|i| value(r, i)).collect();
+            // Alone: every rank's input in its arena. The last rank comes late, so the
+            // others' all-reduces are still waiting (and holding their arenas) when they look.
+            let last = r + 1 == comm.size();
+            if last {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            let op = comm.all_reduce(&mine, Op::Sum);
+            let held_during = last || comm.lease_arena().is_none();
+            let alone = op.await?;
+            let free_after = comm.lease_arena().is_some();
+            // Rank 1's arena taken: its peers read it the old way.
+            let taken = (r == 1).then(|| comm.lease_arena()).flatten();
+            let mixed = comm.all_reduce(&mine, Op::Sum).await?;
+            drop(taken);
+            // Two in flight: the second finds the arena taken by the first.
+            let first = comm.all_reduce(&mine, Op::Sum);
+            let second = comm.all_reduce(&mine, Op::Max);
+            let (first, second) = (first.await?, second.await?);
+            let free_at_end = comm.lease_arena().is_some();
+            Ok::<_, Error>((
+                [alone, mixed, first],
+                second,
+                held_during,
+                free_after && free_at_end,
+            ))
+        })
+        .await;
+        let sums = expected(n);
+        let maxima: Vec<u32> = (0..len)
+            .map(|i| (0..n).map(|r| value(r, i)).max().unwrap())
+            .collect();
+        for (rank, r) in got.into_iter().enumerate() {
+            let (results, max, held_during, freed) = r.unwrap();
+            for (k, sum) in results.iter().enumerate() {
+                assert!(
+                    sum == &sums,
+                    "arena {arena}, n {n}, rank {rank}: sum {k} wrong"
+                );
+            }
+            assert!(
+                max == maxima,
+                "arena {arena}, n {n}, rank {rank}: max wrong"
+            );
+            assert_eq!(
+                held_during,
+                // (Without an arena there is never one to lease.)
+                uses_arena || rank + 1 == n || arena == 0,
+                "arena {arena}, n {n}, rank {rank}: arena held while waiting"
+            );
+            assert!(
+                freed || arena == 0,
+                "arena {arena}, n {n}, rank {rank}: arena not given back"
+            );
+        }
+    }
+}
+
 /// On two ranks the automatic choice exchanges the whole vector once, except where only its
 /// halves go inline through a shared-memory ring (from 32 KiB to 64 KiB of data with the
 /// default settings): then Rabenseifner, two exchanges of halves. Both give the reference
 /// result, in rank order too; which ran shows in the messages each rank sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_ranks_halve_only_where_the_halves_go_inline() {
-    let config = Config {
+    let mut config = Config {
         transport: TransportKind::Shm,
         ..Config::default()
     };
+    // Without arenas: with them, direct reads take over from 64 KiB on two ranks.
+    config.shm.arena_bytes = 0;
     // u32 elements: 16 000, 36 000, 65 536 and 80 000 bytes.
     let lengths = [4000, 9000, 1 << 14, 20_000];
     let all = Collective::AllReduce;

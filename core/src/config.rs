@@ -82,6 +82,12 @@ pub struct ShmConfig {
     /// works in a few cache-resident lines instead of sweeping the whole ring (a lagging
     /// receiver still gets the whole ring). `0` turns it off. Default 4 KiB.
     pub hot_window: usize,
+    /// `RANKWEAVE_SHM_ARENA`: bytes of this rank's arena, shared memory that the other local
+    /// ranks read with plain loads (see `rankweave_core::arena`): a direct-read all-reduce
+    /// copies its input there when it fits and the arena is free, so its peers combine it
+    /// without `process_vm_readv`. Pages are only used once written. `0` turns it off.
+    /// Default 4 MiB.
+    pub arena_bytes: usize,
 }
 
 impl Default for ShmConfig {
@@ -95,6 +101,7 @@ impl Default for ShmConfig {
             split_copy: true,
             prefault_bytes: 32 * 1024 * 1024,
             hot_window: 4 * 1024,
+            arena_bytes: 4 * 1024 * 1024,
         }
     }
 }
@@ -322,6 +329,9 @@ impl Config {
         }
         if let Some(v) = get("RANKWEAVE_SHM_HOT") {
             self.shm.hot_window = parse_size("RANKWEAVE_SHM_HOT", &v)?;
+        }
+        if let Some(v) = get("RANKWEAVE_SHM_ARENA") {
+            self.shm.arena_bytes = parse_size("RANKWEAVE_SHM_ARENA", &v)?;
         }
         if let Some(v) = get("RANKWEAVE_MAX_FRAME") {
             let n = parse_size("RANKWEAVE_MAX_FRAME", &v)?;
@@ -576,6 +586,7 @@ mod tests {
                 ("RANKWEAVE_SHM_SPLIT", "off"),
                 ("RANKWEAVE_SHM_PREFAULT", "0"),
                 ("RANKWEAVE_SHM_HOT", "16k"),
+                ("RANKWEAVE_SHM_ARENA", "1m"),
             ]))
             .unwrap();
         assert_eq!(
@@ -589,6 +600,7 @@ mod tests {
                 split_copy: false,
                 prefault_bytes: 0,
                 hot_window: 16 * 1024,
+                arena_bytes: 1024 * 1024,
             }
         );
         let e = Config::default()

@@ -11,6 +11,7 @@
 
 #![warn(missing_docs)]
 
+pub mod arena;
 pub mod buffer_pool;
 pub mod byte_copy;
 pub mod carrier;
@@ -33,6 +34,7 @@ pub mod tuning;
 pub mod types;
 pub mod wire;
 
+pub use arena::{ArenaLease, PeerArena};
 pub use carrier::{Carrier, Datagram};
 pub use chaos::ChaosSpec;
 pub use comm::{Communicator, ExchangeRecv, ProbeOp, RecvIntoOp, RecvOp, SendOp};

@@ -9,6 +9,7 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 
+use crate::arena::{ArenaLease, PeerArena};
 use crate::error::TransportError;
 use crate::frame::{Envelope, Frame};
 use crate::stats::TransportStats;
@@ -293,6 +294,21 @@ pub trait Transport: Send + Sync + 'static {
             transport: "flags",
             reason: "this transport has no flags".into(),
         })
+    }
+
+    /// This rank's [arena](crate::arena), if the transport has one and nobody holds it: shared
+    /// memory the other local ranks can map and read with plain loads
+    /// ([`peer_arena`](Self::peer_arena)). The default has none.
+    fn lease_arena(&self) -> Option<ArenaLease> {
+        None
+    }
+
+    /// World rank `peer`'s [arena](crate::arena) as mapped in this process, if the transport
+    /// reaches it through shared memory and the peer is not gone. May connect to the peer. The
+    /// default has none.
+    fn peer_arena(&self, peer: u32) -> Option<PeerArena> {
+        let _ = peer;
+        None
     }
 
     /// Wakes `waker` once a flag raised to this rank changes (or a peer is found gone). The

@@ -4,7 +4,7 @@
 //! (`#[path = ...]`) against its own [`sync`] module, which re-exports loom's primitives under
 //! the same names as the `sync` modules of `rankweave-transports` and `rankweave-core` re-export
 //! std's (including a loom-checked [`sync::SharedBytes`]). Where a modelled file's items are
-//! only `pub(crate)`, [`ring_api`], [`doorbell_api`] and [`flags_api`] wrap them one-to-one for the models.
+//! only `pub(crate)`, [`ring_api`], [`doorbell_api`], [`flags_api`] and [`arena_api`] wrap them one-to-one for the models.
 //! The models live in `tests/`; see `README.md` for how to run them and what each one checks.
 
 /// loom's synchronization primitives under the names the modelled source files import
@@ -506,6 +506,39 @@ pub mod flags_api {
         /// `FlagWatch::park`.
         pub fn park(&self, waker: &Waker) {
             self.0.park(waker)
+        }
+    }
+}
+
+// The shared-memory transport's arena gate: one lease on a rank's arena at a time (its own
+// `//!` docs explain it). Private and used through `arena_api`, for the same doc-link reason
+// as `shm_ring`.
+#[path = "../../transports/src/shm/arena.rs"]
+mod shm_arena;
+
+/// Public wrappers over `ArenaGate` of `transports/src/shm/arena.rs` (compiled here as the
+/// private module `shm_arena`), for the models in `tests/shm_arena.rs`.
+pub mod arena_api {
+    use crate::shm_arena as arena;
+
+    /// `shm_arena::ArenaGate`.
+    #[derive(Debug, Default)]
+    pub struct ArenaGate(arena::ArenaGate);
+
+    impl ArenaGate {
+        /// `ArenaGate::new`.
+        pub fn new() -> ArenaGate {
+            ArenaGate(arena::ArenaGate::new())
+        }
+
+        /// `ArenaGate::try_take`.
+        pub fn try_take(&self) -> bool {
+            self.0.try_take()
+        }
+
+        /// `ArenaGate::give_back`.
+        pub fn give_back(&self) {
+            self.0.give_back()
         }
     }
 }

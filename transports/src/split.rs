@@ -134,6 +134,17 @@ impl Transport for SplitTransport {
         self.local.park_on_flags(waker);
     }
 
+    fn lease_arena(&self) -> Option<rankweave_core::ArenaLease> {
+        self.local.lease_arena()
+    }
+
+    fn peer_arena(&self, peer: u32) -> Option<rankweave_core::PeerArena> {
+        match self.path(peer) {
+            Ok(Path::SharedMemory) => self.local.peer_arena(peer),
+            _ => None,
+        }
+    }
+
     fn read_flag(&self, peer: u32) -> Result<rankweave_core::transport::PeerFlag, TransportError> {
         match self.path(peer)? {
             Path::SharedMemory => self.local.read_flag(peer),

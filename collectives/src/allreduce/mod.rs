@@ -4,7 +4,9 @@
 //!
 //! The `allreduce` override of [`CollectiveTuning`](rankweave_core::CollectiveTuning) if set;
 //! otherwise, for a commutative operation from `allreduce_direct` bytes on (twice that on
-//! two ranks), [direct reads](direct) where every rank can read the others' memory; else
+//! two ranks; from a half of it, a quarter on two ranks, for vectors that fit the ranks'
+//! shared-memory arenas, which peers read with loads: see [`direct_from`]), [direct
+//! reads](direct) where every rank can read the others' memory; else
 //! recursive doubling below `allreduce_large` bytes and Rabenseifner from there — except on two
 //! ranks, which exchange their whole vectors once (recursive doubling): there Rabenseifner's
 //! halving saves half of the combining but costs a second exchange, and measured 1.05–1.45×
@@ -44,25 +46,38 @@ use rankweave_core::tuning::AllreduceAlgorithm;
 use rankweave_core::{Error, byte_copy, wire};
 
 mod direct;
+mod input;
 
 use crate::ctx::{Ctx, powers_of_two_below};
 use crate::reduce::{KIND_LEN, Reduction, Side, Theirs, block, even_bounds};
 use crate::{CollectiveOp, Element, ReduceOp};
 use direct::Outcome;
+pub(crate) use input::Input;
+
+/// Copies the caller's `data` for an all-reduce (see [`Input`]): into this rank's arena if the
+/// all-reduce will be by direct reads.
+pub(crate) fn input<T: Element>(cx: &Ctx, op: &ReduceOp<T>, data: &[T]) -> Input<T> {
+    let direct = choose(cx, op, data.len()) == AllreduceAlgorithm::Direct;
+    Input::copy(cx, data, direct)
+}
 
 pub(crate) async fn run<T: Element>(
     cx: Ctx,
-    data: Vec<T>,
+    input: Input<T>,
     op: ReduceOp<T>,
 ) -> Result<Vec<T>, Error> {
-    let algorithm = choose(&cx, &op, data.len());
+    let algorithm = choose(&cx, &op, input.len());
     let mut reduction = Reduction::new(cx, op);
     let result = match algorithm {
-        AllreduceAlgorithm::RecursiveDoubling => recursive_doubling(&mut reduction, data).await?,
+        AllreduceAlgorithm::RecursiveDoubling => {
+            recursive_doubling(&mut reduction, input.into_vec()).await?
+        }
         // Boxed, as the large broadcasts are: the small-message future stays small.
-        AllreduceAlgorithm::Rabenseifner => Box::pin(rabenseifner(&mut reduction, data)).await?,
-        AllreduceAlgorithm::Ring => Box::pin(ring(&mut reduction, data)).await?,
-        AllreduceAlgorithm::Direct => Box::pin(direct_or_messages(&mut reduction, data)).await?,
+        AllreduceAlgorithm::Rabenseifner => {
+            Box::pin(rabenseifner(&mut reduction, input.into_vec())).await?
+        }
+        AllreduceAlgorithm::Ring => Box::pin(ring(&mut reduction, input.into_vec())).await?,
+        AllreduceAlgorithm::Direct => Box::pin(direct_or_messages(&mut reduction, input)).await?,
     };
     reduction.finish(result)
 }
@@ -70,11 +85,12 @@ pub(crate) async fn run<T: Element>(
 /// Direct reads where every rank can make them, else the automatic choice among the others.
 async fn direct_or_messages<T: Element>(
     reduction: &mut Reduction<T>,
-    data: Vec<T>,
+    input: Input<T>,
 ) -> Result<Vec<T>, Error> {
-    match direct::direct(reduction, data).await? {
+    match direct::direct(reduction, input).await? {
         Outcome::Ran(result) => Ok(result),
-        Outcome::Declined(data) => {
+        Outcome::Declined(input) => {
+            let data = input.into_vec();
             let choice = by_messages(reduction.ctx(), data.len(), size_of::<T>());
             if choice == AllreduceAlgorithm::RecursiveDoubling {
                 recursive_doubling(reduction, data).await
@@ -85,20 +101,34 @@ async fn direct_or_messages<T: Element>(
     }
 }
 
-/// On two ranks direct reads start from this many times `allreduce_direct`.
-const PAIR_DIRECT_FACTOR: usize = 2;
+/// Where direct reads start, for `bytes` of vector on `n` ranks (see [`choose`]).
+///
+/// Read with `process_vm_readv`, on two ranks from twice `allreduce_direct`: there the one
+/// exchange of the whole vector, which may take the pipelined copy through the ring, kept up
+/// with the reads to 256 KiB (from 512 KiB: 9 interleaved rounds there, 115 µs against 137
+/// by the exchange). Read with loads from the peers' arenas (a vector that fits the arena,
+/// `RANKWEAVE_SHM_ARENA`), from a quarter of `allreduce_direct` on two ranks and half of it on
+/// more: 7 interleaved rounds, 2 ranks pinned, 64 KiB in 15.9 µs against 17.7 by
+/// Rabenseifner's inline halves, 128 KiB 24.5 against 37.2; 4 ranks on 2 cores, 128 KiB 87
+/// against 120 (64 KiB 55 against 47: not there). Which way the peers read does not change
+/// the algorithm, so every rank decides from the settings and the length alone: a rank whose
+/// arena is taken at the call is read with `process_vm_readv` all the same.
+fn direct_from(cx: &Ctx, bytes: usize) -> usize {
+    let config = cx.comm.config();
+    let direct = config.collectives.allreduce_direct;
+    match (config.shm.arena_bytes >= bytes, cx.size) {
+        (true, 2) => direct / 4,
+        (true, _) => direct / 2,
+        (false, 2) => direct.saturating_mul(2),
+        (false, _) => direct,
+    }
+}
 
 /// The algorithm for `len` elements (see the [module docs](self)).
 fn choose<T: Element>(cx: &Ctx, op: &ReduceOp<T>, len: usize) -> AllreduceAlgorithm {
     let tuning = &cx.comm.config().collectives;
     let bytes = len * size_of::<T>();
-    // Two ranks exchange their vectors once, a message that may take the pipelined copy
-    // through the ring; it kept up with direct reads to 256 KiB, so they start later there
-    // (from 512 KiB: 9 interleaved rounds there, 115 µs against 137 by the exchange).
-    let from = match cx.size {
-        2 => tuning.allreduce_direct.saturating_mul(PAIR_DIRECT_FACTOR),
-        _ => tuning.allreduce_direct,
-    };
+    let from = direct_from(cx, bytes);
     let direct = tuning.allreduce_direct > 0 && bytes >= from;
     let automatic = if direct && op.is_commutative() {
         AllreduceAlgorithm::Direct

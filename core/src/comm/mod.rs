@@ -622,6 +622,20 @@ impl Communicator {
             .map_err(|e| self.peer_error(rank, e))
     }
 
+    /// This rank's [arena](crate::arena), if its transport has one and nobody holds it (see
+    /// [`Transport::lease_arena`]). One per rank, shared by every communicator. For collective
+    /// engines.
+    pub fn lease_arena(&self) -> Option<crate::ArenaLease> {
+        self.inner.driver.lease_arena()
+    }
+
+    /// `rank`'s [arena](crate::arena) as mapped in this process, if it is on this host over
+    /// shared memory and not gone (see [`Transport::peer_arena`]). For collective engines.
+    pub fn peer_arena(&self, rank: usize) -> Option<crate::PeerArena> {
+        let peer = self.check_rank(rank).ok()?;
+        self.inner.driver.peer_arena(peer)
+    }
+
     /// Whether this rank shares flags with `rank` ([`raise_flag`](Self::raise_flag)): a rank
     /// on this host, over shared memory. For collective engines.
     pub fn has_flags_with(&self, rank: usize) -> bool {

@@ -646,6 +646,16 @@ impl Driver {
         self.transport.read_peer_memory(peer, addr, dst)
     }
 
+    /// See [`Transport::lease_arena`].
+    pub(crate) fn lease_arena(&self) -> Option<crate::ArenaLease> {
+        self.transport.lease_arena()
+    }
+
+    /// See [`Transport::peer_arena`].
+    pub(crate) fn peer_arena(&self, peer: u32) -> Option<crate::PeerArena> {
+        self.transport.peer_arena(peer)
+    }
+
     /// See [`Transport::has_flags_with`].
     pub(crate) fn has_flags_with(&self, peer: u32) -> bool {
         self.transport.has_flags_with(peer)

@@ -17,6 +17,7 @@
 //! The transport is reliable and ordered (it is memory), so the message layer adds no
 //! reliability; frames may be of any size.
 
+mod arena;
 mod cma;
 mod copy_path;
 mod doorbell;
@@ -51,6 +52,7 @@ use crate::inproc::Mailbox;
 use host::ProcessWatch;
 use inbound::{Inbound, ReadInto};
 use outbound::Outbound;
+use rankweave_core::arena::{ArenaHolder, ArenaLease, PeerArena};
 use rankweave_core::buffer_pool::BufferPool;
 use rankweave_core::spin_lock::SpinLock;
 use rankweave_core::transport::PeerFlag;
@@ -255,7 +257,15 @@ pub struct ShmRank {
     helping_until: AtomicU64,
     /// Flags raised to this rank as the progress task last saw them, and their waiters.
     flags: flags::FlagWatch,
+    /// Whether an [`ArenaLease`] on this rank's arena exists.
+    arena: arena::ArenaGate,
     born: Instant,
+}
+
+impl ArenaHolder for ShmRank {
+    fn release(&self) {
+        self.arena.give_back();
+    }
 }
 
 impl std::fmt::Debug for ShmRank {
@@ -380,6 +390,14 @@ impl Transport for ShmTransport {
         self.rank.park_on_flags(waker);
     }
 
+    fn lease_arena(&self) -> Option<ArenaLease> {
+        ShmRank::lease_arena(&self.rank)
+    }
+
+    fn peer_arena(&self, peer: u32) -> Option<PeerArena> {
+        self.rank.peer_arena(peer)
+    }
+
     fn poll_arrival(&self, cx: &mut Context<'_>) -> Poll<()> {
         self.rank.poll_arrival(cx)
     }
@@ -435,8 +453,8 @@ impl ShmRank {
             nonce: rankweave_core::rng::random_u64(),
             pid: std::process::id(),
         };
-        let own =
-            Segment::create(me, geometry).map_err(|m| io_error("creating the shm segment", m))?;
+        let own = Segment::create(me, geometry, settings.arena_bytes)
+            .map_err(|m| io_error("creating the shm segment", m))?;
         let signal = SignalSocket::bind(me.nonce).map_err(|m| io_error("shm signal socket", m))?;
         Ok(ShmRank {
             me,
@@ -464,6 +482,7 @@ impl ShmRank {
             prefault_left: AtomicUsize::new(settings.prefault_bytes),
             helping_until: AtomicU64::new(0),
             flags: flags::FlagWatch::new(world),
+            arena: arena::ArenaGate::new(),
             born: Instant::now(),
         })
     }
@@ -551,6 +570,30 @@ impl ShmRank {
         }
     }
 
+    /// This rank's arena, if it has one and no lease on it exists.
+    fn lease_arena(self: &Arc<Self>) -> Option<ArenaLease> {
+        let (start, len) = self.own.arena()?;
+        if !self.arena.try_take() {
+            return None;
+        }
+        // SAFETY: the arena lies in this rank's own segment, mapped while the `ShmRank` (kept
+        // by the lease's holder) lives; the gate lets one lease exist at a time, and nothing
+        // else in this process touches the arena.
+        Some(unsafe { ArenaLease::new(start, len, self.clone()) })
+    }
+
+    /// `peer`'s arena as mapped here (connecting to it first), unless it is gone.
+    fn peer_arena(&self, peer: u32) -> Option<PeerArena> {
+        let p = self.peer(peer).ok()?;
+        if p.gone.load(Ordering::Acquire) {
+            return None;
+        }
+        let (start, len) = p.segment.arena()?;
+        // SAFETY: the arena lies in the peer's segment, mapped while the `Peer` (kept by the
+        // view) lives.
+        Some(unsafe { PeerArena::new(start, len, p.clone()) })
+    }
+
     /// [`peer`](Self::peer) on first contact (kept apart so the common case stays a load).
     #[cold]
     #[inline(never)]
@@ -616,7 +659,13 @@ impl ShmRank {
             nonce: addr.nonce,
             pid: addr.pid,
         };
-        let segment = Segment::open_peer(addr.pid, addr.fd, expected, self.geometry)?;
+        let segment = Segment::open_peer(
+            addr.pid,
+            addr.fd,
+            expected,
+            self.geometry,
+            self.settings.arena_bytes,
+        )?;
         // Can this rank read the peer's memory? Tell it, beside its ring into our segment.
         let readable = self.settings.single_copy
             && cma::probe(addr.pid, segment.owner_addr(), Segment::magic());

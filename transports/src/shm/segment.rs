@@ -11,6 +11,7 @@
 //! | 128                 | 64               | number of registered senders (`u32`)                       |
 //! | 192                 | 4 × world, to 64 | registered senders, in registration order (rank + 1)       |
 //! | `pairs`             | stride × world   | per possible sender: [`PairInfo`], [`SplitSlot`], [`FlagLine`], [`RingControl`], data |
+//! | `arena`, to 4 KiB   | arena bytes      | the owner's arena: written by the owner, read by peers (`rankweave_core::arena`) |
 //!
 //! A peer maps the segment through `/proc/<owner pid>/fd/<fd>` (the owner publishes both) and
 //! checks the header before trusting anything in it. The file is sized for every world rank,
@@ -31,7 +32,7 @@ use crate::sync::SharedBytes;
 /// "rankweav" in ASCII, little-endian.
 const MAGIC: u64 = u64::from_le_bytes(*b"rankweav");
 /// The layout version this module writes and accepts.
-const VERSION: u32 = 4;
+const VERSION: u32 = 5;
 const LINE: usize = 64;
 
 /// The first cache line of a segment. Written once by the owner before it publishes the
@@ -55,6 +56,8 @@ pub(crate) struct SegmentHeader {
     /// Where the owner mapped this segment in its own address space: peers read this word
     /// there with `process_vm_readv` to find out whether single-copy transfers are permitted.
     self_addr: u64,
+    /// Bytes of the owner's arena, at the end of the segment.
+    arena_len: u64,
 }
 
 /// Per-pair information beside a ring (one cache line, written by the segment's owner).
@@ -110,20 +113,31 @@ struct Layout {
     senders: usize,
     pairs: usize,
     stride: usize,
+    arena: usize,
+    arena_len: usize,
     len: usize,
 }
 
+/// The arena starts on a page of its own (4 KiB, whatever the page size: only alignment for
+/// the elements read from it and the cache lines matter).
+const ARENA_ALIGN: usize = 4096;
+
 impl Layout {
-    fn new(world: u32, geometry: RingGeometry) -> Option<Layout> {
+    fn new(world: u32, geometry: RingGeometry, arena_len: usize) -> Option<Layout> {
         let world = world as usize;
         let senders = 3 * LINE;
         let pairs = (senders + 4 * world).next_multiple_of(LINE);
         let stride = PAIR_LINES + std::mem::size_of::<RingControl>() + geometry.capacity;
-        let len = pairs.checked_add(stride.checked_mul(world)?)?;
+        let arena = pairs
+            .checked_add(stride.checked_mul(world)?)?
+            .checked_next_multiple_of(ARENA_ALIGN)?;
+        let len = arena.checked_add(arena_len)?;
         Some(Layout {
             senders,
             pairs,
             stride,
+            arena,
+            arena_len,
             len,
         })
     }
@@ -180,12 +194,17 @@ fn map(fd: &impl AsRawFd, len: usize) -> Result<*mut u8, String> {
 }
 
 impl Segment {
-    /// Creates this rank's segment (zero-filled: every ring empty, the doorbell awake).
-    pub(crate) fn create(owner: Owner, geometry: RingGeometry) -> Result<Segment, String> {
+    /// Creates this rank's segment (zero-filled: every ring empty, the doorbell awake), with an
+    /// arena of `arena_len` bytes.
+    pub(crate) fn create(
+        owner: Owner,
+        geometry: RingGeometry,
+        arena_len: usize,
+    ) -> Result<Segment, String> {
         if !geometry.is_valid() {
             return Err(format!("unusable ring geometry {geometry:?}"));
         }
-        let layout = Layout::new(owner.world, geometry)
+        let layout = Layout::new(owner.world, geometry, arena_len)
             .ok_or_else(|| format!("a segment for {} ranks is too large", owner.world))?;
         // The creator's pid in the name lets anyone check that no process still holds a
         // segment of a job that is gone (see /proc/*/maps).
@@ -223,18 +242,20 @@ impl Segment {
                 ring_unit: geometry.unit as u32,
                 len: layout.len as u64,
                 self_addr: base as u64,
+                arena_len: arena_len as u64,
             });
         }
         Ok(segment)
     }
 
     /// Maps the segment of a peer that published process id `pid` and descriptor `fd`, and
-    /// checks that it belongs to `expected` and has the geometry this rank uses.
+    /// checks that it belongs to `expected` and has the geometry and arena size this rank uses.
     pub(crate) fn open_peer(
         pid: u32,
         fd: i32,
         expected: Owner,
         geometry: RingGeometry,
+        arena_len: usize,
     ) -> Result<Segment, String> {
         let path = format!("/proc/{pid}/fd/{fd}");
         let file = std::fs::OpenOptions::new()
@@ -242,7 +263,7 @@ impl Segment {
             .write(true)
             .open(&path)
             .map_err(|e| format!("opening {path}: {e}"))?;
-        let layout = Layout::new(expected.world, geometry)
+        let layout = Layout::new(expected.world, geometry, arena_len)
             .ok_or_else(|| format!("a segment for {} ranks is too large", expected.world))?;
         let actual = file.metadata().map_err(|e| format!("{path}: {e}"))?.len();
         if actual != layout.len as u64 {
@@ -272,6 +293,7 @@ impl Segment {
             || h.ring_capacity as usize != geometry.capacity
             || h.ring_unit as usize != geometry.unit
             || h.len != layout.len as u64
+            || h.arena_len != arena_len as u64
         {
             return Err(format!(
                 "{path} is not rank {}'s segment of this job (found {found:?}, version {})",
@@ -489,6 +511,17 @@ impl Segment {
     /// The stamp key of the ring from `sender` (see the ring's docs).
     pub(crate) fn ring_key(&self, sender: u32) -> RingKey {
         RingKey::new(self.owner.nonce, sender)
+    }
+
+    /// The owner's arena: where it starts in this mapping and its length; `None` if it has
+    /// none.
+    pub(crate) fn arena(&self) -> Option<(std::ptr::NonNull<u8>, usize)> {
+        if self.layout.arena_len == 0 {
+            return None;
+        }
+        // SAFETY: the arena lies inside the mapping (Layout::new).
+        let start = unsafe { self.base.add(self.layout.arena) };
+        std::ptr::NonNull::new(start).map(|p| (p, self.layout.arena_len))
     }
 
     /// The ring geometry.

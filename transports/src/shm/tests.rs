@@ -1169,3 +1169,53 @@ async fn a_failed_share_is_read_again_by_the_receiver() {
         });
     }
 }
+
+/// A rank's arena: one lease at a time, given back on drop; what the owner writes there its
+/// peers read through their own mappings, and nothing past its end; none when sized 0; and a
+/// rank whose arena size differs cannot be connected to (its segment has another layout).
+#[tokio::test]
+async fn an_arena_is_leased_once_at_a_time_and_read_by_peers() {
+    let t = job(3, ShmConfig::default());
+    let mut lease = t[0].lease_arena().expect("an arena");
+    assert_eq!(lease.len(), ShmConfig::default().arena_bytes);
+    assert!(
+        t[0].lease_arena().is_none(),
+        "a second lease while the first lives"
+    );
+    let data = pattern(100_000, 5);
+    lease.bytes_mut()[..data.len()].copy_from_slice(&data);
+    for peer in [&t[1], &t[2]] {
+        let view = peer.peer_arena(0).expect("rank 0's arena, mapped");
+        assert_eq!(view.len(), lease.len());
+        // SAFETY: rank 0 wrote these bytes above and writes nothing while they are read.
+        assert_eq!(unsafe { view.bytes(0..data.len()) }, Some(&data[..]));
+        // SAFETY: as above (nothing is read: the range is out of bounds).
+        assert_eq!(unsafe { view.bytes(0..view.len() + 1) }, None);
+    }
+    drop(lease);
+    assert!(t[0].lease_arena().is_some(), "given back on drop");
+
+    let off = ShmConfig {
+        arena_bytes: 0,
+        ..ShmConfig::default()
+    };
+    let none = job(2, off);
+    assert!(none[0].lease_arena().is_none());
+    assert!(none[1].peer_arena(0).is_none());
+
+    let dir = Arc::new(LocalSegments::default());
+    let sizes = [1 << 20, 4 << 20];
+    let mixed: Vec<ShmTransport> = (0..2)
+        .map(|r| {
+            let s = ShmConfig {
+                arena_bytes: sizes[r as usize],
+                ..ShmConfig::default()
+            };
+            let t = ShmTransport::new(r, 2, s, Duration::from_secs(1), dir.clone()).unwrap();
+            dir.publish(r, t.address());
+            t
+        })
+        .collect();
+    assert!(mixed[1].peer_arena(0).is_none());
+    assert!(mixed[1].send(0, eager(0, vec![1])).is_err());
+}
