@@ -13,7 +13,7 @@
 //! | `RANKWEAVE_BCAST_LARGE` | bytes | 12 KiB: scatter + allgather from here (on more than 2 ranks) |
 //! | `RANKWEAVE_BCAST_CHAIN` | bytes | 4 MiB: pipelined chain from here |
 //! | `RANKWEAVE_ALLREDUCE_LARGE` | bytes | 64 KiB: reduce-scatter + allgather from here |
-//! | `RANKWEAVE_ALLREDUCE_DIRECT` | bytes | 256 KiB (twice that on 2 ranks): commutative allreduces read their peers' vectors directly from here, where every rank is local and may (`0`: never) |
+//! | `RANKWEAVE_ALLREDUCE_DIRECT` | bytes | 256 KiB (twice that on 2 ranks; half of it, a quarter on 2 ranks, for vectors that fit `RANKWEAVE_SHM_ARENA`): commutative allreduces read their peers' vectors directly from here, where every rank is local and may (`0`: never) |
 //! | `RANKWEAVE_ALLGATHER_LARGE` | bytes (total gathered) | 512 KiB: ring from here |
 //! | `RANKWEAVE_ALLGATHER_DIRECT` | bytes (per rank) | 64 KiB: `all_gather` reads its peers' blocks directly from here, where every rank is local and may (`0`: never) |
 //! | `RANKWEAVE_ALLTOALL_LARGE` | bytes (per destination) | 256 B: pairwise exchange from here |
@@ -148,8 +148,10 @@ pub struct CollectiveTuning {
     /// allgather (Rabenseifner).
     pub allreduce_large: usize,
     /// `RANKWEAVE_ALLREDUCE_DIRECT`: commutative allreduces of at least this many bytes (twice
-    /// as many on two ranks) use [direct reads](AllreduceAlgorithm::Direct) where every
-    /// rank of the communicator can read the others' memory; `0` never does.
+    /// as many on two ranks; half as many, a quarter on two ranks, for vectors that fit the
+    /// shared-memory arena, which peers read with loads) use [direct
+    /// reads](AllreduceAlgorithm::Direct) where every rank of the communicator can read the
+    /// others' memory; `0` never does.
     pub allreduce_direct: usize,
     /// `RANKWEAVE_ALLGATHER_LARGE`: allgathers collecting at least this many bytes in all use
     /// the ring.
