@@ -77,12 +77,25 @@ impl ArenaLease {
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 
-    /// The arena's bytes, to write. Peers may be reading other bytes of it meanwhile: which
-    /// ones is the user's protocol.
+    /// The arena's bytes, to write (say, before peers are told to read any of them).
     pub fn bytes_mut(&mut self) -> &mut [u8] {
         // SAFETY: mapped and writable while the lease lives, and nothing else in this process
-        // accesses it (`new`'s contract); other processes only read.
+        // accesses it but peers' reads, which the user's protocol keeps off bytes it writes.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// Bytes `range` of the arena, to write while peers may read others (the user's protocol
+    /// says which), or `None` past its end. Only these bytes are borrowed: peers of this very
+    /// process (ranks in one process) read the others through their own views meanwhile.
+    pub fn range_mut(&mut self, range: Range<usize>) -> Option<&mut [u8]> {
+        if range.start > range.end || range.end > self.len {
+            return None;
+        }
+        // SAFETY: in bounds (checked) of memory mapped and writable while the lease lives;
+        // nothing else in this process writes it, and readers keep off these bytes (above).
+        Some(unsafe {
+            std::slice::from_raw_parts_mut(self.ptr.as_ptr().add(range.start), range.len())
+        })
     }
 }
 
@@ -160,5 +173,43 @@ impl std::fmt::Debug for PeerArena {
             .field("addr", &self.ptr)
             .field("len", &self.len)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    /// A holder that counts the leases given back.
+    struct Returns(AtomicUsize);
+
+    impl ArenaHolder for Returns {
+        fn release(&self) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    #[test]
+    fn a_lease_lends_what_is_asked_within_bounds_and_gives_the_arena_back() {
+        let mut memory = vec![0u8; 64];
+        let start = NonNull::new(memory.as_mut_ptr()).unwrap();
+        let holder = Arc::new(Returns(AtomicUsize::new(0)));
+        // SAFETY: `memory` outlives the lease and the view, and nothing else touches it.
+        let mut lease = unsafe { ArenaLease::new(start, 64, holder.clone()) };
+        assert_eq!((lease.len(), lease.addr()), (64, start.as_ptr() as u64));
+        lease.range_mut(8..16).unwrap().fill(7);
+        assert!(lease.range_mut(60..65).is_none());
+        assert_eq!(lease.bytes()[6..18], [0, 0, 7, 7, 7, 7, 7, 7, 7, 7, 0, 0]);
+        // SAFETY: as above.
+        let view = unsafe { PeerArena::new(start, 64, Arc::new(())) };
+        // SAFETY: nothing writes the arena while the view reads it.
+        assert_eq!(unsafe { view.bytes(14..17) }, Some(&[7u8, 7, 0][..]));
+        // SAFETY: as above (out of bounds: nothing is read).
+        assert_eq!(unsafe { view.bytes(0..65) }, None);
+        assert_eq!(holder.0.load(Ordering::Relaxed), 0);
+        drop(lease);
+        assert_eq!(holder.0.load(Ordering::Relaxed), 1, "given back once, on drop");
     }
 }

@@ -130,7 +130,7 @@ pub(crate) async fn direct<T: Element>(
     if !reduction.has_failed() && !own.is_empty() {
         let mut scratch: Vec<u8> = Vec::new();
         for q in peers() {
-            let mine = &mut input.as_mut_slice()[own.clone()];
+            let mine = input.block_mut(own.clone());
             let combined = match &sources[q] {
                 // SAFETY: `q` copied its vector into its arena before it announced it, and
                 // changes no block but its own until this rank says it is done.
@@ -164,11 +164,12 @@ pub(crate) async fn direct<T: Element>(
     for (q, incoming) in ready {
         match reduction.receive(incoming, 0).await {
             Ok(Some(_)) => {
+                let theirs = block(&bounds, q);
                 let into = match &mut result {
                     Some(result) => Target::Filling(result),
-                    None => Target::InPlace(input.as_mut_slice()),
+                    None => Target::InPlace(input.block_mut(theirs.clone())),
                 };
-                let read = read_final(&cx, q, &sources[q], block(&bounds, q), into);
+                let read = read_final(&cx, q, &sources[q], theirs, into);
                 if let Err(e) = read {
                     reduction.fail(e);
                 }
@@ -205,7 +206,8 @@ pub(crate) async fn direct<T: Element>(
 
 /// Where a rank puts the finished blocks it reads.
 enum Target<'a, T> {
-    /// Over its peers' blocks of its input vector, which they are done with once final.
+    /// Over the peer's block of its own input vector (this slice), which the peer is done
+    /// with once its block is final.
     InPlace(&'a mut [T]),
     /// Into a result of its own (its input is in its arena).
     Filling(&'a mut Filling<T>),
@@ -225,7 +227,7 @@ fn read_final<T: Element>(
             // its vector until this rank says it is done.
             let block = unsafe { arena_bytes::<T>(arena, q, theirs.clone()) }?;
             match into {
-                Target::InPlace(vector) => byte_copy::copy_slice(&mut vector[theirs], block),
+                Target::InPlace(place) => byte_copy::copy_slice(place, block),
                 Target::Filling(result) => result.copy_block(q, block),
             }
             Ok(())
@@ -233,9 +235,9 @@ fn read_final<T: Element>(
         &Source::Kernel(addr) => {
             let at = addr.wrapping_add((theirs.start * size_of::<T>()) as u64);
             match into {
-                Target::InPlace(vector) => {
-                    let bytes = bytemuck::cast_slice_mut(&mut vector[theirs]);
-                    cx.comm.read_memory_of(q, at, bytes)
+                Target::InPlace(place) => {
+                    cx.comm
+                        .read_memory_of(q, at, bytemuck::cast_slice_mut(place))
                 }
                 Target::Filling(result) => result.read_block(cx, q, at),
             }

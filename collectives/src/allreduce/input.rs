@@ -8,6 +8,7 @@
 //! transport without one gets a vector of its own, read the old way.
 
 use std::marker::PhantomData;
+use std::ops::Range;
 
 use rankweave_core::{ArenaLease, byte_copy};
 
@@ -88,12 +89,16 @@ impl<T: Element> Input<T> {
         }
     }
 
-    /// The vector, to change (peers may be reading other parts of it: see the algorithm).
-    pub(crate) fn as_mut_slice(&mut self) -> &mut [T] {
+    /// Elements `range` of the vector, to change while peers may be reading other elements
+    /// (see the algorithm); only they are borrowed. Panics past the end, as slicing does.
+    pub(crate) fn block_mut(&mut self, range: Range<usize>) -> &mut [T] {
         match self {
-            Input::Owned(v) => v,
+            Input::Owned(v) => &mut v[range],
             Input::Arena { lease, len, .. } => {
-                bytemuck::cast_slice_mut(&mut lease.bytes_mut()[..*len * size_of::<T>()])
+                assert!(range.end <= *len, "block {range:?} of {len} elements");
+                let elem = size_of::<T>();
+                let bytes = lease.range_mut(range.start * elem..range.end * elem);
+                bytemuck::cast_slice_mut(bytes.expect("checked against the vector's length"))
             }
         }
     }
