@@ -210,6 +210,10 @@ mod tests {
         assert_eq!(unsafe { view.bytes(0..65) }, None);
         assert_eq!(holder.0.load(Ordering::Relaxed), 0);
         drop(lease);
-        assert_eq!(holder.0.load(Ordering::Relaxed), 1, "given back once, on drop");
+        assert_eq!(
+            holder.0.load(Ordering::Relaxed),
+            1,
+            "given back once, on drop"
+        );
     }
 }

@@ -69,8 +69,10 @@ enum Source {
 }
 
 impl Source {
+    /// How to read rank `q`'s vector, `exposed` there; this rank's own is never read.
     fn of(cx: &Ctx, q: usize, exposed: Exposure) -> Source {
-        let mapped = exposed.in_arena.then(|| cx.comm.peer_arena(q)).flatten();
+        let peer = q != cx.rank && exposed.in_arena;
+        let mapped = peer.then(|| cx.comm.peer_arena(q)).flatten();
         mapped.map_or(Source::Kernel(exposed.addr), Source::Arena)
     }
 }

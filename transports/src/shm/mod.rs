@@ -582,8 +582,12 @@ impl ShmRank {
         Some(unsafe { ArenaLease::new(start, len, self.clone()) })
     }
 
-    /// `peer`'s arena as mapped here (connecting to it first), unless it is gone.
+    /// `peer`'s arena as mapped here (connecting to it first), unless it is gone; never this
+    /// rank's own (a rank is not its own peer: its lease is how it reaches its arena).
     fn peer_arena(&self, peer: u32) -> Option<PeerArena> {
+        if peer == self.me.rank {
+            return None;
+        }
         let p = self.peer(peer).ok()?;
         if p.gone.load(Ordering::Acquire) {
             return None;

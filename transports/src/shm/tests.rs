@@ -1194,6 +1194,7 @@ async fn an_arena_is_leased_once_at_a_time_and_read_by_peers() {
     }
     drop(lease);
     assert!(t[0].lease_arena().is_some(), "given back on drop");
+    assert!(t[0].peer_arena(0).is_none(), "a rank is not its own peer");
 
     let off = ShmConfig {
         arena_bytes: 0,
