@@ -60,7 +60,7 @@ mod tree;
 
 use bytemuck::Pod;
 use bytes::Bytes;
-use rankweave_core::tuning::{AlltoallAlgorithm, BarrierAlgorithm};
+use rankweave_core::tuning::{AllreduceAlgorithm, AlltoallAlgorithm, BarrierAlgorithm};
 use rankweave_core::{Communicator, Error, Payload, byte_copy};
 
 pub use broadcast::{FLAT_BODY_BELOW, SEPARATE_FROM};
@@ -260,11 +260,15 @@ impl Collectives for Communicator {
         let op = op.into();
         let check = op.check();
         let cx = Ctx::next(self);
-        if check.is_ok() && cx.size == 2 && allreduce::is_one_exchange(&cx, &op, data.len()) {
+        let algorithm = allreduce::choose(&cx, &op, data.len());
+        if check.is_ok() && cx.size == 2 && algorithm == AllreduceAlgorithm::RecursiveDoubling {
+            // One exchange.
             return allreduce::pair(cx, byte_copy::vec_from(data), op);
         }
-        let input = allreduce::input(&cx, &op, data);
-        start_in(cx, check, move |cx| allreduce::run(cx, input, op))
+        let input = allreduce::Input::copy(&cx, data, algorithm == AllreduceAlgorithm::Direct);
+        start_in(cx, check, move |cx| {
+            allreduce::run(cx, input, op, algorithm)
+        })
     }
 
     fn gather<T: Element>(&self, root: usize, data: &[T]) -> CollectiveOp<Option<Vec<T>>> {

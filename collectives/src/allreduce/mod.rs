@@ -54,19 +54,14 @@ use crate::{CollectiveOp, Element, ReduceOp};
 use direct::Outcome;
 pub(crate) use input::Input;
 
-/// Copies the caller's `data` for an all-reduce (see [`Input`]): into this rank's arena if the
-/// all-reduce will be by direct reads.
-pub(crate) fn input<T: Element>(cx: &Ctx, op: &ReduceOp<T>, data: &[T]) -> Input<T> {
-    let direct = choose(cx, op, data.len()) == AllreduceAlgorithm::Direct;
-    Input::copy(cx, data, direct)
-}
-
+/// Runs the all-reduce of `input` by `algorithm` (from [`choose`], made at the call: it also
+/// decides where [`Input`] keeps the copy).
 pub(crate) async fn run<T: Element>(
     cx: Ctx,
     input: Input<T>,
     op: ReduceOp<T>,
+    algorithm: AllreduceAlgorithm,
 ) -> Result<Vec<T>, Error> {
-    let algorithm = choose(&cx, &op, input.len());
     let mut reduction = Reduction::new(cx, op);
     let result = match algorithm {
         AllreduceAlgorithm::RecursiveDoubling => {
@@ -101,7 +96,7 @@ async fn direct_or_messages<T: Element>(
     }
 }
 
-/// Where direct reads start, for `bytes` of vector on `n` ranks (see [`choose`]).
+/// Where direct reads start, for `bytes` of vector on the ranks of `cx` (see [`choose`]).
 ///
 /// Read with `process_vm_readv`, on two ranks from twice `allreduce_direct`: there the one
 /// exchange of the whole vector, which may take the pipelined copy through the ring, kept up
@@ -125,7 +120,7 @@ fn direct_from(cx: &Ctx, bytes: usize) -> usize {
 }
 
 /// The algorithm for `len` elements (see the [module docs](self)).
-fn choose<T: Element>(cx: &Ctx, op: &ReduceOp<T>, len: usize) -> AllreduceAlgorithm {
+pub(crate) fn choose<T: Element>(cx: &Ctx, op: &ReduceOp<T>, len: usize) -> AllreduceAlgorithm {
     let tuning = &cx.comm.config().collectives;
     let bytes = len * size_of::<T>();
     let from = direct_from(cx, bytes);
@@ -173,11 +168,6 @@ fn only_halves_inline(cx: &Ctx, len: usize, elem: usize) -> bool {
     let inline = cx.comm.config().shm.inline_max;
     let message = |elements: usize| wire::EAGER_HEADER_LEN + elements * elem + KIND_LEN;
     message(len) > inline && message(len.div_ceil(2)) <= inline
-}
-
-/// Whether an all-reduce of `len` elements on two ranks is one exchange (recursive doubling).
-pub(crate) fn is_one_exchange<T: Element>(cx: &Ctx, op: &ReduceOp<T>, len: usize) -> bool {
-    choose(cx, op, len) == AllreduceAlgorithm::RecursiveDoubling
 }
 
 /// The all-reduce of two ranks by recursive doubling: one exchange, started at the call; what
