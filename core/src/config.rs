@@ -88,6 +88,13 @@ pub struct ShmConfig {
     /// without `process_vm_readv`. Pages are only used once written. `0` turns it off.
     /// Default 4 MiB.
     pub arena_bytes: usize,
+    /// `RANKWEAVE_SHM_IDLE_SINGLE_COPY`: an owned payload of at least this many bytes that is
+    /// short enough to go inline goes by single copy instead when the receiver has read
+    /// everything sent to it before (it keeps up, so it is likely waiting for this one): one
+    /// copy by the kernel into the receive buffer beats two through the ring from about 16 KiB
+    /// here. A receiver that lags gets it inline, so a stream of sends still runs ahead. `0`
+    /// turns it off. Default 16 KiB.
+    pub idle_single_copy: usize,
 }
 
 impl Default for ShmConfig {
@@ -102,6 +109,7 @@ impl Default for ShmConfig {
             prefault_bytes: 32 * 1024 * 1024,
             hot_window: 4 * 1024,
             arena_bytes: 4 * 1024 * 1024,
+            idle_single_copy: 16 * 1024,
         }
     }
 }
@@ -332,6 +340,9 @@ impl Config {
         }
         if let Some(v) = get("RANKWEAVE_SHM_ARENA") {
             self.shm.arena_bytes = parse_size("RANKWEAVE_SHM_ARENA", &v)?;
+        }
+        if let Some(v) = get("RANKWEAVE_SHM_IDLE_SINGLE_COPY") {
+            self.shm.idle_single_copy = parse_size("RANKWEAVE_SHM_IDLE_SINGLE_COPY", &v)?;
         }
         if let Some(v) = get("RANKWEAVE_MAX_FRAME") {
             let n = parse_size("RANKWEAVE_MAX_FRAME", &v)?;
@@ -587,6 +598,7 @@ mod tests {
                 ("RANKWEAVE_SHM_PREFAULT", "0"),
                 ("RANKWEAVE_SHM_HOT", "16k"),
                 ("RANKWEAVE_SHM_ARENA", "1m"),
+                ("RANKWEAVE_SHM_IDLE_SINGLE_COPY", "0"),
             ]))
             .unwrap();
         assert_eq!(
@@ -601,6 +613,7 @@ mod tests {
                 prefault_bytes: 0,
                 hot_window: 16 * 1024,
                 arena_bytes: 1024 * 1024,
+                idle_single_copy: 0,
             }
         );
         let e = Config::default()

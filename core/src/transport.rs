@@ -142,6 +142,15 @@ pub trait Transport: Send + Sync + 'static {
         Ok(false)
     }
 
+    /// Whether an owned payload of `len` bytes for world rank `to` is better handed over as a
+    /// [`Frame`] than written with [`send_eager`](Self::send_eager): the transport would let
+    /// the receiver read it where it lies (shared memory's single copy to a receiver that is
+    /// keeping up). A hint: either way is correct. The default says no.
+    fn reads_in_place(&self, to: u32, len: usize) -> bool {
+        let _ = (to, len);
+        false
+    }
+
     /// Moves what has arrived into `out`; returns how many were added. A transport may stop
     /// after a bounded batch as long as [`may_have_arrivals`](Self::may_have_arrivals) and
     /// [`poll_arrival`](Self::poll_arrival) still report the rest.

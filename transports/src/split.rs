@@ -177,6 +177,14 @@ impl Transport for SplitTransport {
         }
     }
 
+    fn reads_in_place(&self, to: u32, len: usize) -> bool {
+        match self.path(to) {
+            Ok(Path::SharedMemory) => self.local.reads_in_place(to, len),
+            Ok(Path::Network) => self.network.reads_in_place(to, len),
+            Err(_) => false,
+        }
+    }
+
     fn take_eager(&self, want: &EagerWant, into: Option<&mut [u8]>) -> Option<EagerTaken> {
         // Only local peers write into this rank's rings; a remote one has nothing there.
         self.local.take_eager(want, into)

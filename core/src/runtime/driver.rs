@@ -352,6 +352,7 @@ impl Driver {
         data: SendData<'_>,
     ) -> bool {
         let written = match &data {
+            SendData::Bytes(bytes) if self.transport.reads_in_place(to, bytes.len()) => Ok(false),
             SendData::Bytes(bytes) => self.transport.send_eager(to, &envelope, &[bytes]),
             SendData::Parts(parts) => self.transport.send_eager(to, &envelope, parts),
         };

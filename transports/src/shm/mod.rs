@@ -18,6 +18,7 @@
 //! reliability; frames may be of any size.
 
 mod arena;
+mod cache_distance;
 mod cma;
 mod copy_path;
 mod doorbell;
@@ -359,6 +360,10 @@ impl Transport for ShmTransport {
         payload: &[&[u8]],
     ) -> Result<bool, TransportError> {
         self.rank.send_eager(to, envelope, payload)
+    }
+
+    fn reads_in_place(&self, to: u32, len: usize) -> bool {
+        self.rank.reads_in_place(to, len)
     }
 
     fn can_read_peer_memory(&self, peer: u32) -> bool {
@@ -1216,6 +1221,18 @@ impl Transport for ShmRank {
         }
         self.nudge(peer);
         Ok(true)
+    }
+
+    fn reads_in_place(&self, to: u32, len: usize) -> bool {
+        // The length first: every eager send asks.
+        if len < self.settings.idle_single_copy || self.settings.idle_single_copy == 0 {
+            return false;
+        }
+        let Some(peer) = self.peer_if_connected(to) else {
+            return false;
+        };
+        let me = self.me.rank;
+        !peer.gone.load(Ordering::Acquire) && peer.out.lock().reads_in_place(&peer.segment, me, len)
     }
 
     fn drain(&self, out: &mut Vec<Arrival>) -> Result<usize, TransportError> {

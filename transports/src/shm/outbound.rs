@@ -34,6 +34,7 @@ use rankweave_core::frame::{Envelope, Frame, Header};
 use rankweave_core::wire;
 use std::sync::atomic::Ordering;
 
+use super::cache_distance::CacheDistance;
 use super::copy_path::{CopyPath, PathChooser};
 use super::record;
 use super::ring::{Pushed, RingControl, RingProducer};
@@ -64,6 +65,10 @@ pub(crate) struct SendCounts {
     pub(crate) pipelined: u64,
 }
 
+/// Unread bytes in the ring that still count as a receiver keeping up (see
+/// [`Outbound::reads_in_place`]): a few short records, never a medium payload.
+const IDLE_UNREAD_MAX: u64 = 512;
+
 /// A large send being timed for the [`PathChooser`].
 #[derive(Debug)]
 struct Timed {
@@ -92,8 +97,14 @@ pub(crate) struct Outbound {
     held: VecDeque<(u64, Bytes)>,
     next_token: u64,
     inline_max: usize,
+    /// Payloads from this long up to the inline limit go by single copy to a receiver that has
+    /// read everything before them (see [`reads_in_place`](Self::reads_in_place)); 0: never.
+    idle_single_copy: usize,
     /// Longer payloads go by single copy when the peer can read this rank's memory.
     pipeline_max: usize,
+    /// Whether the receiver's cache is near, which decides the ring's hot window; `None`
+    /// without a hot window.
+    distance: Option<CacheDistance>,
     /// Picks the path of shorter large payloads; `None`: always pipelined.
     chooser: Option<PathChooser>,
     /// The large send being timed, if any.
@@ -118,7 +129,9 @@ impl Outbound {
             held: VecDeque::new(),
             next_token: 0,
             inline_max: settings.inline_max.min(geometry.max_body()),
+            idle_single_copy: settings.idle_single_copy,
             pipeline_max: settings.pipeline_max,
+            distance: (settings.hot_window != 0).then(CacheDistance::default),
             chooser: settings.adaptive.then(PathChooser::default),
             timed: None,
             full_events: 0,
@@ -230,7 +243,12 @@ impl Outbound {
         wire::encode_header(&frame.header, frame.payload.len(), &mut &mut header[..]);
         let header = &header[..hlen];
         let total = hlen + frame.payload.len();
-        let queued = if total <= self.inline_max {
+        let single_copy = if total <= self.inline_max {
+            self.reads_in_place(peer, me, frame.payload.len())
+        } else {
+            self.large_path(peer, me, frame.payload.len()) == CopyPath::SingleCopy
+        };
+        let queued = if total <= self.inline_max && !single_copy {
             // Inline or not is decided by the wire header's length, whichever header the
             // record then carries: so a size goes the same way with either.
             let short = match &frame.header {
@@ -249,7 +267,7 @@ impl Outbound {
                 kind,
                 body: [header, &frame.payload].concat(),
             }
-        } else if self.large_path(peer, me, frame.payload.len()) == CopyPath::SingleCopy {
+        } else if single_copy {
             self.counts.single_copy += 1;
             let token = self.next_token;
             self.next_token += 1;
@@ -258,11 +276,14 @@ impl Outbound {
                 frame.payload.as_ptr() as u64,
                 frame.payload.len() as u64,
             );
-            self.start_timing(
-                CopyPath::SingleCopy,
-                frame.payload.len(),
-                DoneWhen::Read(token),
-            );
+            // Only the chooser's sizes are timed (not a short payload sent in place).
+            if total > self.inline_max {
+                self.start_timing(
+                    CopyPath::SingleCopy,
+                    frame.payload.len(),
+                    DoneWhen::Read(token),
+                );
+            }
             self.held.push_back((token, frame.payload));
             // As an inline frame: straight into the ring, without an allocation.
             if self.push_now(peer, me, record::SINGLE_COPY, &[&prefix[..], header]) {
@@ -288,17 +309,53 @@ impl Outbound {
     /// Pushes a record made of `parts` straight into the peer's ring if nothing is queued
     /// ahead of it and it fits now; whether it did.
     fn push_now(&mut self, peer: &Segment, me: u32, kind: u8, parts: &[&[u8]]) -> bool {
-        self.queue.is_empty()
-            && peer.ring(me).is_some_and(|(control, data)| {
-                self.producer.try_push(control, &data, kind, parts) == Pushed::Done
-            })
+        if !self.queue.is_empty() {
+            return false;
+        }
+        let Some((control, data)) = peer.ring(me) else {
+            return false;
+        };
+        self.about_to_push(control);
+        self.producer.try_push(control, &data, kind, parts) == Pushed::Done
+    }
+
+    /// Before a record goes straight into the ring: now and then, times a look at the
+    /// consumer's `tail` and turns the hot window on or off by the verdict (see
+    /// `cache_distance`). Before, not after: the push itself may load `tail`, and a look
+    /// right behind it would find the line in this cache.
+    #[inline]
+    fn about_to_push(&mut self, control: &RingControl) {
+        let Some(distance) = &mut self.distance else {
+            return;
+        };
+        if distance.look_due() {
+            let producer = &mut self.producer;
+            distance.time(|| producer.look_at_tail(control));
+            producer.set_early_wraps(distance.is_near());
+        }
+    }
+
+    /// Whether an owned payload of `len` bytes, short enough to go inline, goes by single copy
+    /// instead: it is long enough (`RANKWEAVE_SHM_IDLE_SINGLE_COPY`), the peer may read this
+    /// rank's memory, and the receiver has read what was sent to it before (all but a few
+    /// short records, such as the header a collective sends just ahead of its data) — it
+    /// keeps up, so it is likely waiting for this one, and one copy by the kernel straight into its
+    /// buffer beats two through the ring. A receiver that lags gets it inline, so that a burst
+    /// of sends runs ahead of it as before. (Open MPI sends everything beyond its 4 KiB eager
+    /// limit by single copy, so a stream of such messages waits on each read.)
+    pub(crate) fn reads_in_place(&self, peer: &Segment, me: u32, len: usize) -> bool {
+        self.idle_single_copy != 0
+            && len >= self.idle_single_copy
+            && self.is_idle()
+            && single_copy_permitted(peer, me)
+            && peer
+                .ring(me)
+                .is_some_and(|(control, _)| self.producer.unread(control) <= IDLE_UNREAD_MAX)
     }
 
     /// The path of a payload of `len` bytes, too long to go inline.
     fn large_path(&mut self, peer: &Segment, me: u32, len: usize) -> CopyPath {
-        let permitted = peer
-            .pair_info(me)
-            .is_some_and(|p| p.single_copy.load(Ordering::Acquire) == SINGLE_COPY_YES);
+        let permitted = single_copy_permitted(peer, me);
         let timed = self.will_time(len);
         match &mut self.chooser {
             _ if !permitted => CopyPath::Pipelined,
@@ -360,6 +417,7 @@ impl Outbound {
         let Some((control, data)) = peer.ring(me) else {
             return false;
         };
+        self.about_to_push(control);
         if self.producer.try_push(control, &data, kind, &parts) != Pushed::Done {
             return false;
         }
@@ -454,6 +512,13 @@ enum Step {
     Progress,
     /// No room for a body of this many bytes.
     Full(usize),
+}
+
+/// Whether the receiver whose segment is `peer` may read `me`'s memory (it found out when the
+/// pair connected).
+fn single_copy_permitted(peer: &Segment, me: u32) -> bool {
+    peer.pair_info(me)
+        .is_some_and(|p| p.single_copy.load(Ordering::Acquire) == SINGLE_COPY_YES)
 }
 
 fn push_one(

@@ -19,7 +19,9 @@
 //!   of an early wrap holds the rest of the data area until the consumer reads it, though, so
 //!   a burst of records right after one finds the ring full sooner; when that happens the
 //!   producer stops wrapping early for 2, 4, … up to 64 laps. The consumer cannot tell the two
-//!   kinds of wrap apart and need not.
+//!   kinds of wrap apart and need not. The sender turns early wraps off altogether while the
+//!   consumer's cache is far from its own ([`RingProducer::set_early_wraps`], decided in
+//!   `cache_distance`), where reusing hot lines costs more than it saves.
 //! * **Positions.** `head` (bytes written by the producer) and `tail` (bytes released by the
 //!   consumer) count up forever as `u64`s; the offset in the data area is the count modulo the
 //!   capacity. The producer owns `head`, the consumer owns `tail`, each in its own cache line.
@@ -241,6 +243,12 @@ pub(crate) struct RingProducer {
     early_filler: Option<u64>,
     /// Early wraps that cost room in a row (capped): the next is tried only after `2^n` laps.
     costly_wraps: u32,
+    /// Whether early wraps are tried at all (the sender turns them off while the consumer's
+    /// cache is far: see `cache_distance`).
+    early_wraps: bool,
+    /// The positions the last wrap's filler spans (start, end), early or not: bytes that
+    /// carry no record (see [`unread`](Self::unread)).
+    last_filler: (u64, u64),
 }
 
 /// Most laps of the ring an early wrap that cost room puts off the next try: `2^6`.
@@ -258,6 +266,8 @@ impl RingProducer {
             next_wrap_try: 0,
             early_filler: None,
             costly_wraps: 0,
+            early_wraps: true,
+            last_filler: (0, 0),
         }
     }
 
@@ -270,6 +280,16 @@ impl RingProducer {
             bytes.min(self.geometry.capacity)
         };
         self
+    }
+
+    /// Turns early wraps (the hot window) on or off.
+    pub(crate) fn set_early_wraps(&mut self, on: bool) {
+        self.early_wraps = on;
+    }
+
+    /// Loads the consumer's `tail` (a cache miss while the consumer keeps releasing space).
+    pub(crate) fn look_at_tail(&mut self, control: &RingControl) {
+        self.tail_seen = control.consumer.tail.load(Ordering::Acquire);
     }
 
     /// The largest body [`try_push`](Self::try_push) accepts.
@@ -358,6 +378,7 @@ impl RingProducer {
                 data.write(at + STAMP, &length_and_kind(to_end - RECORD_HEADER, PAD));
                 data.store_word(at, self.key.stamp(self.head), Ordering::Release);
             }
+            self.last_filler = (self.head, start);
         }
         self.head = start + footprint as u64;
         control.producer.head.store(self.head, Ordering::Release);
@@ -369,7 +390,7 @@ impl RingProducer {
     /// that much (read from its tail if the last tail seen does not tell, at most once per
     /// window while it lags).
     fn wraps_early(&mut self, control: &RingControl, at: usize, needed: usize) -> bool {
-        if at < self.hot_window || self.head < self.next_wrap_try {
+        if !self.early_wraps || at < self.hot_window || self.head < self.next_wrap_try {
             return false;
         }
         if !self.has_room_looking(control, needed) {
@@ -404,6 +425,21 @@ impl RingProducer {
     /// `position` (reads its tail).
     pub(crate) fn consumed_to(&self, control: &RingControl, position: u64) -> bool {
         control.consumer.tail.load(Ordering::Acquire) >= position
+    }
+
+    /// Bytes of records written and not yet released by the consumer (reads its tail), not
+    /// counting the last wrap's filler: an early wrap leaves most of the ring as filler behind
+    /// a few bytes of record. (Fillers of earlier laps still count, but with those unread the
+    /// consumer is a lap behind anyway.)
+    pub(crate) fn unread(&self, control: &RingControl) -> u64 {
+        let tail = control.consumer.tail.load(Ordering::Acquire);
+        let unread = self.head.saturating_sub(tail);
+        let (filler, after) = self.last_filler;
+        if tail <= filler {
+            unread.saturating_sub(after - filler)
+        } else {
+            unread
+        }
     }
 
     /// Where the next record goes (a position counted from the ring's start, never wrapping).
@@ -670,6 +706,58 @@ mod tests {
             assert_eq!(pop(&mut c, &r), Popped::Record((ek, eb)));
         }
         assert_eq!(pop(&mut c, &r), Popped::Empty);
+    }
+
+    /// `unread` counts the bytes of records the consumer has not released, the filler of the
+    /// last wrap (early or not) left out.
+    #[test]
+    fn unread_counts_records_not_the_filler_of_a_wrap() {
+        let (r, g) = ring(1024, 64);
+        let mut p = RingProducer::new(&r.control, g, KEY).with_hot_window(256);
+        let mut c = RingConsumer::new(&r.control, g, KEY);
+        let push = |p: &mut RingProducer, len: usize| {
+            assert_eq!(
+                p.try_push(&r.control, &r.data, 1, &[&vec![7u8; len]]),
+                Pushed::Done
+            )
+        };
+        let read = |c: &mut RingConsumer| {
+            while let Popped::Record(_) = pop(c, &r) {}
+            c.release(&r.control);
+        };
+        assert_eq!(p.unread(&r.control), 0);
+        push(&mut p, 40);
+        push(&mut p, 100);
+        assert_eq!(
+            p.unread(&r.control),
+            (g.footprint(40) + g.footprint(100)) as u64
+        );
+        read(&mut c);
+        assert_eq!(p.unread(&r.control), 0);
+        // Past the window with the consumer caught up: the next record starts again at 0
+        // behind a filler to the end of the ring, which is not counted.
+        push(&mut p, 200);
+        read(&mut c);
+        let before = p.position();
+        push(&mut p, 40);
+        assert!(p.position() - before > 512, "an early wrap");
+        assert_eq!(p.unread(&r.control), g.footprint(40) as u64);
+        push(&mut p, 40);
+        assert_eq!(p.unread(&r.control), 2 * g.footprint(40) as u64);
+        read(&mut c);
+        assert_eq!(p.unread(&r.control), 0);
+        // A natural wrap's filler is not counted either.
+        let mut q = RingProducer::new(&r.control, g, KEY);
+        q.head = p.head;
+        q.tail_seen = p.head;
+        while q.position() % 1024 < 1024 - 2 * 64 {
+            push(&mut q, 40);
+            read(&mut c);
+        }
+        push(&mut q, 200);
+        assert_eq!(q.unread(&r.control), g.footprint(200) as u64);
+        read(&mut c);
+        assert_eq!(q.unread(&r.control), 0);
     }
 
     #[test]

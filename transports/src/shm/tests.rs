@@ -109,6 +109,68 @@ async fn a_32_kib_payload_with_its_framing_goes_inline() {
     assert_eq!(t[0].counters().pipelined_sent, 1);
 }
 
+/// A payload short enough to go inline goes by single copy to a receiver that has read what
+/// came before (and is asked for by `reads_in_place`, so the driver hands it over as a frame);
+/// to one that lags, while a payload is held, when too short, or with the setting off, it goes
+/// inline. Every byte arrives, in order, either way.
+#[tokio::test]
+async fn a_medium_payload_goes_by_single_copy_only_to_a_receiver_that_keeps_up() {
+    let medium = 20 * 1024;
+    let t = job(2, ShmConfig::default());
+    let sent = |t: &ShmTransport| {
+        let c = t.counters();
+        (c.single_copy_sent, c.frames_sent)
+    };
+    // Before the receiver says it can read this rank's memory: inline.
+    assert!(!t[0].reads_in_place(1, medium));
+    t[0].send(1, eager(0, pattern(medium, 0))).unwrap();
+    assert_eq!(payloads(collect(&t[1], &[&t[0]], 1), 0).len(), 1);
+    assert_eq!(sent(&t[0]), (0, 1));
+    // The first read (of an inline frame) made the receiver say so; nothing unread now.
+    assert!(t[0].reads_in_place(1, medium));
+    assert!(
+        !t[0].reads_in_place(1, 16 * 1024 - 1),
+        "shorter than the setting"
+    );
+    assert!(!t[0].reads_in_place(0, medium), "to itself");
+    // A short record just ahead (a collective's header) still counts as keeping up.
+    t[0].send(1, eager(1, pattern(40, 1))).unwrap();
+    assert!(t[0].reads_in_place(1, medium));
+    // A burst: the first goes in place, the next two inline (one is held, and the receiver
+    // has 20 KiB unread), as does a medium payload behind an unread medium record.
+    for seq in 2..5 {
+        t[0].send(1, eager(seq, pattern(medium, seq))).unwrap();
+    }
+    assert_eq!(sent(&t[0]), (1, 5));
+    assert!(!t[0].reads_in_place(1, medium));
+    let got = payloads(collect(&t[1], &[&t[0]], 4), 0);
+    let want: Vec<(u64, Bytes)> = std::iter::once((1, Bytes::from(pattern(40, 1))))
+        .chain((2..5).map(|s| (s, Bytes::from(pattern(medium, s)))))
+        .collect();
+    assert_eq!(got, want);
+    // Read and acknowledged: in place again.
+    let until = Instant::now() + Duration::from_secs(5);
+    while !t[0].reads_in_place(1, medium) && Instant::now() < until {
+        t[0].drain(&mut Vec::new()).unwrap();
+    }
+    assert!(t[0].reads_in_place(1, medium));
+    // With the setting off, never.
+    let off = job(
+        2,
+        ShmConfig {
+            idle_single_copy: 0,
+            ..ShmConfig::default()
+        },
+    );
+    off[0].send(1, eager(0, pattern(10, 0))).unwrap();
+    assert_eq!(collect(&off[1], &[&off[0]], 1).len(), 1);
+    assert!(!off[0].reads_in_place(1, medium));
+    off[0].send(1, eager(1, pattern(medium, 1))).unwrap();
+    let got = payloads(collect(&off[1], &[&off[0]], 1), 0);
+    assert_eq!(got, vec![(1, Bytes::from(pattern(medium, 1)))]);
+    assert_eq!(sent(&off[0]), (0, 2));
+}
+
 fn round_trip_sizes(single_copy: bool) {
     let t = job(2, settings(128 * 1024, single_copy));
     // Until the receiver has mapped the sender (on its first read), it has not said whether it
