@@ -97,8 +97,8 @@ pub(crate) struct Outbound {
     held: VecDeque<(u64, Bytes)>,
     next_token: u64,
     inline_max: usize,
-    /// Payloads from this long up to the inline limit go by single copy to a receiver that has
-    /// read everything before them (see [`reads_in_place`](Self::reads_in_place)); 0: never.
+    /// Owned payloads from this long up to the inline limit go by single copy to a receiver
+    /// that keeps up (see [`reads_in_place`](Self::reads_in_place)); 0: never.
     idle_single_copy: usize,
     /// Longer payloads go by single copy when the peer can read this rank's memory.
     pipeline_max: usize,
