@@ -65,7 +65,7 @@ pub struct ShmConfig {
     /// kernel permits it. Off, or where it is not permitted, they are pipelined through the
     /// ring too. Default on.
     pub single_copy: bool,
-    /// `RANKWEAVE_SHM_SPLIT` (`on`/`off`): a receiver reading a single-copy payload of 64 KiB
+    /// `RANKWEAVE_SHM_SPLIT` (`on`/`off`): a receiver reading a single-copy payload of 32 KiB
     /// or more offers the sender a share of the copy, which the sender, waiting for the send
     /// to complete, writes straight into the receiver's buffer (`process_vm_writev`) while the
     /// receiver reads the rest: two cores copy instead of one. Default on.

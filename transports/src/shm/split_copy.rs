@@ -41,12 +41,15 @@
 
 use crate::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-/// Payloads from this many bytes are offered for splitting (in two halves up to twice this):
+/// Payloads from this many bytes are offered for splitting (in two halves below 128 KiB):
 /// below it, a share would be too short to be worth a second system call. At 64 KiB the split
 /// raised bandwidth from 6.4 to 8.7 GB/s (7 interleaved rounds of `bench/ab 7 2 bw '-m
 /// 65536:65536'`; Open MPI 6.9) and cost one-way latency about a microsecond (9.4 → 10.5 µs,
-/// 9 rounds; Open MPI 11.3).
-pub(crate) const SPLIT_MIN: u64 = 64 * 1024;
+/// 9 rounds; Open MPI 11.3) when it came (session 27); in session 36 it saved it (4.93 against
+/// 6.22 µs split off). Lowered from 64 to 32 KiB once medium payloads went by single copy
+/// (session 36, 7 interleaved rounds of `bench/ab 7 2 latency '-m 16384:262144'`): 32 KiB
+/// one-way 3.61 against 3.94 µs, faster in 6 of the 7 rounds (Open MPI 3.28).
+pub(crate) const SPLIT_MIN: u64 = 32 * 1024;
 
 /// Offers of payloads from this many bytes wake the sender if it sleeps (a wake-up takes some
 /// 35 µs here; reading 512 KiB alone takes ~50). A sender waiting long for its sends — a
