@@ -343,6 +343,21 @@ pub mod ring_api {
             self.0.consumed_to(&control.0, position)
         }
 
+        /// `RingProducer::unread`.
+        pub fn unread(&self, control: &RingControl) -> u64 {
+            self.0.unread(&control.0)
+        }
+
+        /// `RingProducer::look_at_tail`.
+        pub fn look_at_tail(&mut self, control: &RingControl) {
+            self.0.look_at_tail(&control.0)
+        }
+
+        /// `RingProducer::set_early_wraps`.
+        pub fn set_early_wraps(&mut self, on: bool) {
+            self.0.set_early_wraps(on)
+        }
+
         /// `RingProducer::try_push`.
         pub fn try_push(
             &mut self,

@@ -185,42 +185,7 @@ fn records_in_order_across_wrap() {
 #[test]
 fn early_wraps_race_the_consumer() {
     model(|| {
-        let (r, p, mut c) = ring();
-        let mut p = p.with_hot_window(32);
-        advance(&r, &mut p, &mut c, &[8, 8]);
-        assert_eq!(p.position(), 64);
-        let r = Arc::new(r);
-        let records: Vec<Record> = vec![(1, body(1, 8)), (2, body(2, 8)), (3, body(3, 4))];
-        let producer = {
-            let r = r.clone();
-            let records = records.clone();
-            thread::spawn(move || {
-                for (kind, b) in &records {
-                    spin("producer on a full ring", SPINS, || {
-                        match p.try_push(&r.control, &r.data, *kind, &[b]) {
-                            Pushed::Done => Some(()),
-                            Pushed::Full => None,
-                            Pushed::TooLarge => panic!("body of {} refused", b.len()),
-                        }
-                    });
-                }
-                p.position()
-            })
-        };
-        let mut got = Vec::new();
-        while got.len() < records.len() {
-            let rec = spin("consumer on an empty ring", 2 * SPINS, || {
-                match pop(&mut c, &r) {
-                    Popped::Empty => None,
-                    Popped::Record(rec) => Some(rec),
-                    Popped::Corrupt => panic!("corrupt record after {got:?}"),
-                }
-            });
-            got.push(rec);
-            c.release(&r.control);
-        }
-        let end = producer.join().unwrap();
-        assert_eq!(got, records);
+        let (end, unread) = race_the_consumer(true);
         // The first record went to offset 0 of the next lap, [128, 160); each of the other two
         // went after the last, or (the consumer had released everything) to the next lap's
         // start: [160, 192) or [256, 288), then [192, 224), [256, 288), [288, 320) or [384, 416).
@@ -228,9 +193,69 @@ fn early_wraps_race_the_consumer() {
             [224, 288, 320, 416].contains(&end),
             "the producer ended at position {end}"
         );
-        assert_eq!(pop(&mut c, &r), Popped::Empty);
-        assert!(!r.control.has_unreleased(&r.data, GEOMETRY, key()));
+        assert_eq!(unread, 0, "everything released, fillers included");
     });
+}
+
+/// The same race with early wraps turned off (`RingProducer::set_early_wraps`, as the sender
+/// does while the consumer's cache is far): the records go one after the other whatever the
+/// consumer has released, the third to the start of the next lap by an ordinary wrap.
+#[test]
+fn no_early_wraps_once_turned_off() {
+    model(|| {
+        let (end, unread) = race_the_consumer(false);
+        assert_eq!(end, 160, "the producer ended at position {end}");
+        assert_eq!(unread, 0);
+    });
+}
+
+/// Pushes three records past a 32-byte hot window (early wraps on or off) while the consumer
+/// pops and releases each; checks they come out as pushed, that the producer's count of unread
+/// bytes never exceeds the ring, and returns the producer's final position and its count of
+/// unread bytes once everything is released.
+fn race_the_consumer(early_wraps: bool) -> (u64, u64) {
+    let (r, p, mut c) = ring();
+    let mut p = p.with_hot_window(32);
+    p.set_early_wraps(early_wraps);
+    advance(&r, &mut p, &mut c, &[8, 8]);
+    assert_eq!(p.position(), 64);
+    let r = Arc::new(r);
+    let records: Vec<Record> = vec![(1, body(1, 8)), (2, body(2, 8)), (3, body(3, 4))];
+    let producer = {
+        let r = r.clone();
+        let records = records.clone();
+        thread::spawn(move || {
+            for (kind, b) in &records {
+                spin("producer on a full ring", SPINS, || {
+                    match p.try_push(&r.control, &r.data, *kind, &[b]) {
+                        Pushed::Done => Some(()),
+                        Pushed::Full => None,
+                        Pushed::TooLarge => panic!("body of {} refused", b.len()),
+                    }
+                });
+                p.look_at_tail(&r.control);
+                assert!(p.unread(&r.control) <= GEOMETRY.capacity as u64);
+            }
+            p
+        })
+    };
+    let mut got = Vec::new();
+    while got.len() < records.len() {
+        let rec = spin("consumer on an empty ring", 2 * SPINS, || {
+            match pop(&mut c, &r) {
+                Popped::Empty => None,
+                Popped::Record(rec) => Some(rec),
+                Popped::Corrupt => panic!("corrupt record after {got:?}"),
+            }
+        });
+        got.push(rec);
+        c.release(&r.control);
+    }
+    let p = producer.join().unwrap();
+    assert_eq!(got, records);
+    assert_eq!(pop(&mut c, &r), Popped::Empty);
+    assert!(!r.control.has_unreleased(&r.data, GEOMETRY, key()));
+    (p.position(), p.unread(&r.control))
 }
 
 /// The shared part of the back-pressure models: the ring and the producer's "signal" (the
