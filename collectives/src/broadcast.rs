@@ -193,14 +193,26 @@ pub(crate) fn of_two(
             Ok(data)
         }));
     }
+    Ok(flat_leaf(comm, root))
+}
+
+/// A non-root's part of a broadcast whose root sends every rank its first message itself (a
+/// flat fan-out: two ranks, or up to `flat_max`), as [`of_two`]'s other rank does: the receive
+/// posted and looked at once, and a small broadcast's data taken out of the message at the
+/// call, with no [`Ctx`], tree or future; anything else goes on from that first message as
+/// [`run`] would. With 4 ranks on 2 cores, where the message has usually come by the time a
+/// rank calls, an 8-byte broadcast took 0.30 µs this way against 0.40 by the general path
+/// (9 interleaved rounds; Open MPI 0.53), and 64 KiB 2.93 against 3.60.
+pub(crate) fn flat_leaf(comm: &Communicator, root: usize) -> CollectiveOp<Bytes> {
+    let me = comm.rank();
     let tag = comm.next_collective();
     let mut recv = comm.collective_recv(root, tag);
     let mut look = Context::from_waker(Waker::noop());
     let first = std::panic::catch_unwind(AssertUnwindSafe(|| Pin::new(&mut recv).poll(&mut look)));
     let Ok(first) = first else {
-        return Ok(CollectiveOp::failed(me, crate::started::panicked(me)));
+        return CollectiveOp::failed(me, crate::started::panicked(me));
     };
-    Ok(match first {
+    match first {
         Poll::Ready(Ok(message)) => match compact_body(message.into_data()) {
             Ok(body) => CollectiveOp::finished(me, Ok(body)),
             Err(message) => {
@@ -219,7 +231,7 @@ pub(crate) fn of_two(
                 }
             })
         }
-    })
+    }
 }
 
 /// The data of a first message with the one-byte header, or the message if it has another.

@@ -215,6 +215,11 @@ impl Collectives for Communicator {
                 Ok(op) => return op,
                 Err(data) => data,
             }
+        } else if root < self.size()
+            && root != self.rank()
+            && self.size() <= self.config().collectives.flat_max
+        {
+            return broadcast::flat_leaf(self, root);
         } else {
             data
         };

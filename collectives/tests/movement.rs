@@ -229,6 +229,35 @@ async fn two_rank_broadcasts_whichever_rank_comes_first() {
     }
 }
 
+/// On up to `flat_max` ranks every non-root takes its first message straight from the root, as
+/// the other rank of two does (at the call when it is there, else in a task): 3, 4 and 7 ranks,
+/// every root, every algorithm, with the root or another rank late, over in-process hand-off
+/// and shared memory; and 8 ranks (a tree) alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flat_broadcasts_whichever_rank_comes_first() {
+    use rankweave_collectives::SEPARATE_FROM;
+    use rankweave_core::TransportKind;
+    let lens = [0, 8, SEPARATE_FROM - 2, SEPARATE_FROM, 300_000];
+    for transport in [TransportKind::Inproc, TransportKind::Shm] {
+        for algorithm in [
+            None,
+            Some(BcastAlgorithm::ScatterAllgather),
+            Some(BcastAlgorithm::Chain),
+        ] {
+            let mut config = tuned(|t| {
+                t.bcast = algorithm;
+                t.segment = 4096;
+            });
+            config.transport = transport;
+            for n in [3, 4, 7, 8] {
+                for late in [None, Some(0), Some(n - 1)] {
+                    check_broadcast(n, &config, (0..n).collect(), &lens, late).await;
+                }
+            }
+        }
+    }
+}
+
 /// The non-root of a two-rank broadcast that starts it before the data is there and then does
 /// not poll it for a long time: its part still runs (the root, sending a message past the eager
 /// limit, finishes long before), and the data is there when it looks.

@@ -4,6 +4,7 @@
 
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use rankweave_collectives::{Collectives, Op, UserOp};
 use rankweave_core::tuning::{BarrierAlgorithm, BcastAlgorithm};
 use rankweave_core::{Config, Error};
@@ -229,6 +230,18 @@ async fn a_collective_with_its_inputs_here_finishes_at_the_call() {
     assert!(format!("{late:?}").contains("ready"), "{late:?}");
     late.await.expect("barrier");
     early.await.expect("barrier");
+
+    // A small broadcast on 4 ranks (a flat fan-out): the root's sends went at its call, so
+    // every other rank's broadcast takes its data at the call.
+    let comms = rankweave_transports::inproc::world(4, &Config::default()).expect("world");
+    let root = comms[2].broadcast(2, Bytes::from_static(b"flat"));
+    assert!(format!("{root:?}").contains("ready"), "{root:?}");
+    for r in [0, 1, 3] {
+        let leaf = comms[r].broadcast(2, Bytes::new());
+        assert!(format!("{leaf:?}").contains("ready"), "rank {r}: {leaf:?}");
+        assert_eq!(leaf.await.expect("broadcast"), Bytes::from_static(b"flat"));
+    }
+    root.await.expect("broadcast");
 
     let comms = rankweave_transports::inproc::world(3, &Config::default()).expect("world");
     let first = comms[0].barrier();
