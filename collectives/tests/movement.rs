@@ -195,13 +195,36 @@ async fn broadcast_of_a_megabyte() {
     }
 }
 
+/// Every broadcast algorithm (the automatic choice, scatter + allgather, chain) over in-process
+/// hand-off and shared memory, with 4 KiB chain segments.
+fn every_bcast_config() -> Vec<Config> {
+    use rankweave_core::TransportKind;
+    let algorithms = [
+        None,
+        Some(BcastAlgorithm::ScatterAllgather),
+        Some(BcastAlgorithm::Chain),
+    ];
+    [TransportKind::Inproc, TransportKind::Shm]
+        .into_iter()
+        .flat_map(|transport| {
+            algorithms.into_iter().map(move |algorithm| {
+                let mut config = tuned(|t| {
+                    t.bcast = algorithm;
+                    t.segment = 4096;
+                });
+                config.transport = transport;
+                config
+            })
+        })
+        .collect()
+}
+
 /// Two ranks take their own path (the root sends at the call; the other rank takes a message
 /// already there at the call, or leaves it to a task): every size and algorithm, the root
 /// first or the other rank first, over in-process hand-off and shared memory.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_rank_broadcasts_whichever_rank_comes_first() {
     use rankweave_collectives::SEPARATE_FROM;
-    use rankweave_core::TransportKind;
     let lens = [
         0,
         1,
@@ -211,20 +234,9 @@ async fn two_rank_broadcasts_whichever_rank_comes_first() {
         SEPARATE_FROM,
         300_000,
     ];
-    for transport in [TransportKind::Inproc, TransportKind::Shm] {
-        for algorithm in [
-            None,
-            Some(BcastAlgorithm::ScatterAllgather),
-            Some(BcastAlgorithm::Chain),
-        ] {
-            let mut config = tuned(|t| {
-                t.bcast = algorithm;
-                t.segment = 4096;
-            });
-            config.transport = transport;
-            for late in [0, 1] {
-                check_broadcast(2, &config, vec![0, 1], &lens, Some(late)).await;
-            }
+    for config in every_bcast_config() {
+        for late in [0, 1] {
+            check_broadcast(2, &config, vec![0, 1], &lens, Some(late)).await;
         }
     }
 }
@@ -236,23 +248,11 @@ async fn two_rank_broadcasts_whichever_rank_comes_first() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flat_broadcasts_whichever_rank_comes_first() {
     use rankweave_collectives::SEPARATE_FROM;
-    use rankweave_core::TransportKind;
     let lens = [0, 8, SEPARATE_FROM - 2, SEPARATE_FROM, 300_000];
-    for transport in [TransportKind::Inproc, TransportKind::Shm] {
-        for algorithm in [
-            None,
-            Some(BcastAlgorithm::ScatterAllgather),
-            Some(BcastAlgorithm::Chain),
-        ] {
-            let mut config = tuned(|t| {
-                t.bcast = algorithm;
-                t.segment = 4096;
-            });
-            config.transport = transport;
-            for n in [3, 4, 7, 8] {
-                for late in [None, Some(0), Some(n - 1)] {
-                    check_broadcast(n, &config, (0..n).collect(), &lens, late).await;
-                }
+    for config in every_bcast_config() {
+        for n in [3, 4, 7, 8] {
+            for late in [None, Some(0), Some(n - 1)] {
+                check_broadcast(n, &config, (0..n).collect(), &lens, late).await;
             }
         }
     }
