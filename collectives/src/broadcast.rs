@@ -234,6 +234,12 @@ pub(crate) fn flat_leaf(comm: &Communicator, root: usize) -> CollectiveOp<Bytes>
     }
 }
 
+/// Whether a broadcast on `comm` is flat: its root sends every rank its first message itself
+/// (on up to `flat_max` ranks).
+pub(crate) fn is_flat(comm: &Communicator) -> bool {
+    comm.size() <= comm.config().collectives.flat_max
+}
+
 /// The data of a first message with the one-byte header, or the message if it has another.
 fn compact_body(mut message: Bytes) -> Result<Bytes, Bytes> {
     if message.first() != Some(&COMPACT) || message.len() > SEPARATE_FROM {
@@ -299,7 +305,7 @@ struct Fanout {
 impl Fanout {
     /// The fan-out of a broadcast's header on this communicator.
     fn of(cx: &Ctx, tree: &BinomialTree) -> Fanout {
-        if cx.size <= cx.comm.config().collectives.flat_max {
+        if is_flat(&cx.comm) {
             Fanout::flat(tree)
         } else {
             Fanout::tree(tree)

@@ -215,10 +215,7 @@ impl Collectives for Communicator {
                 Ok(op) => return op,
                 Err(data) => data,
             }
-        } else if root < self.size()
-            && root != self.rank()
-            && self.size() <= self.config().collectives.flat_max
-        {
+        } else if root < self.size() && root != self.rank() && broadcast::is_flat(self) {
             return broadcast::flat_leaf(self, root);
         } else {
             data
