@@ -46,17 +46,7 @@ fn exchange(n: usize, sizes: Option<&str>, env: &[(&str, &str)]) -> String {
         // "(single copy S, pipelined P)": large messages really took the path under test. A
         // sender's first large message may go in pieces if the receiver has not yet mapped it
         // (and said it can read it), so with single copy on most, not all, go by single copy.
-        let count = |label: &str| -> usize {
-            line.split(label)
-                .nth(1)
-                .and_then(|r| {
-                    r.split(|c: char| !c.is_ascii_digit())
-                        .find(|t| !t.is_empty())
-                })
-                .and_then(|n| n.parse().ok())
-                .unwrap_or_else(|| panic!("no {label:?} count in {line}"))
-        };
-        let (single, pieces) = (count("single copy "), count("pipelined "));
+        let (single, pieces) = (count(line, "single copy "), count(line, "pipelined "));
         if single_copy {
             assert!(single > pieces, "{line}");
         } else if no_single_copy {
@@ -65,7 +55,7 @@ fn exchange(n: usize, sizes: Option<&str>, env: &[(&str, &str)]) -> String {
         if has_large {
             assert!(single + pieces >= 3, "too few large messages: {line}");
         }
-        read_into += count("read into receive ");
+        read_into += count(line, "read into receive ");
     }
     // Single-copy payloads received with `recv_into` are read straight into the caller's
     // buffer when the receive is the one waiting for them: some are, over all ranks (whether
@@ -81,18 +71,24 @@ fn exchange(n: usize, sizes: Option<&str>, env: &[(&str, &str)]) -> String {
     stdout.into_owned()
 }
 
+/// The count after `label` in a report line of `exchange` ("… (single copy S, pipelined P, …").
+fn count(line: &str, label: &str) -> usize {
+    line.split(label)
+        .nth(1)
+        .and_then(|r| {
+            r.split(|c: char| !c.is_ascii_digit())
+                .find(|t| !t.is_empty())
+        })
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no {label:?} count in {line}"))
+}
+
 /// The count after `label` on each rank's report line of `exchange`.
 fn counts(stdout: &str, label: &str) -> Vec<usize> {
     stdout
         .lines()
         .filter(|l| l.contains("bytes checked"))
-        .map(|l| {
-            l.split(label)
-                .nth(1)
-                .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
-                .and_then(|n| n.parse().ok())
-                .unwrap_or_else(|| panic!("no {label:?} count in {l}"))
-        })
+        .map(|l| count(l, label))
         .collect()
 }
 
