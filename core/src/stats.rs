@@ -94,6 +94,9 @@ pub struct ShmCounters {
     /// Payload bytes of this rank's single-copy sends that it wrote into the receiver's
     /// buffer itself (`process_vm_writev`) while the receiver read the rest: the split copy.
     pub split_bytes_written: u64,
+    /// Medium single-copy payloads this rank lent whole to their sender to write into its
+    /// buffer while it read the next one itself (the sender may have left some to it).
+    pub payloads_lent: u64,
     /// Times a record found its ring full and had to wait.
     pub ring_full: u64,
     /// Wake-up signals sent to parked peers.

@@ -572,6 +572,8 @@ pub mod split_api {
 
     /// `shm_split_copy::SPLIT_MIN`.
     pub const SPLIT_MIN: u64 = split::SPLIT_MIN;
+    /// `shm_split_copy::LEND_MAX`.
+    pub const LEND_MAX: u64 = split::LEND_MAX;
     /// `shm_split_copy::WAKE_MIN`.
     pub const WAKE_MIN: u64 = split::WAKE_MIN;
 
@@ -634,6 +636,11 @@ pub mod split_api {
         /// `SplitSlot::offer`.
         pub fn offer(&self, token: u64, dst: u64, len: u64) -> Offer {
             Offer(self.0.offer(token, dst, len))
+        }
+
+        /// `SplitSlot::lend`.
+        pub fn lend(&self, token: u64, dst: u64, len: u64) -> Offer {
+            Offer(self.0.lend(token, dst, len))
         }
 
         /// `SplitSlot::open_offer`.

@@ -14,7 +14,7 @@ use loom::sync::Arc;
 use loom::sync::atomic::{AtomicBool, Ordering};
 use loom::thread;
 use loom_tests::harness::model;
-use loom_tests::split_api::{Chunk, SPLIT_MIN, SplitSlot, chunks_for, tag_of};
+use loom_tests::split_api::{Chunk, Offer, SPLIT_MIN, SplitSlot, chunks_for, tag_of};
 use loom_tests::sync::SharedBytes;
 
 /// How many times a waiting side yields before the model declares it stuck.
@@ -60,12 +60,7 @@ impl Job {
         let offer = self.slot.offer(token, token, LEN);
         let tag = offer.tag();
         self.slot.read_chunks(tag, |c| self.copy(tag, c));
-        let mut spins = 0;
-        while !self.slot.is_finished(offer) {
-            spins += 1;
-            assert!(spins < SPINS, "the sender's chunk never finished");
-            thread::yield_now();
-        }
+        self.wait(offer);
         assert!(!self.slot.failed());
         // SAFETY (checked by loom): every chunk is finished, so no writer remains.
         let whole =
@@ -74,6 +69,34 @@ impl Job {
             whole.iter().all(|&b| b == tag as u8),
             "payload {token}: a chunk holds another payload's bytes"
         );
+    }
+
+    /// The receiver waits until every chunk of `offer` is copied.
+    fn wait(&self, offer: Offer) {
+        let mut spins = 0;
+        while !self.slot.is_finished(offer) {
+            spins += 1;
+            assert!(spins < SPINS, "the sender's chunk never finished");
+            thread::yield_now();
+        }
+    }
+
+    /// The receiver lends payload `token` whole into buffer `token`, reads payload
+    /// `token + 1` itself into its buffer meanwhile (not through the slot), then takes back
+    /// what the sender has not claimed, waits for what it has, and checks the lent buffer.
+    fn lend_then_read_next(&self, token: u64) {
+        let offer = self.slot.lend(token, token, LEN);
+        assert_eq!(offer.chunks(), 1);
+        let tag = offer.tag();
+        let next = token as usize + 1;
+        // SAFETY (checked by loom): nobody else writes the next payload's buffer.
+        unsafe { self.buffers[next].write(0, &vec![tag_of(next as u64) as u8; LEN as usize]) };
+        self.slot.read_chunks(tag, |c| self.copy(tag, c));
+        self.wait(offer);
+        // SAFETY (checked by loom): the lent payload is finished, so no writer remains.
+        let whole =
+            unsafe { self.buffers[token as usize].with_slice(0, LEN as usize, |b| b.to_vec()) };
+        assert!(whole.iter().all(|&b| b == tag as u8), "the lent payload");
     }
 
     /// The sender: helps with whatever offer is open until the receiver is over.
@@ -159,5 +182,19 @@ fn a_failed_share_is_reported() {
         job.over.store(true, Ordering::Release);
         let sender_failed_one = sender.join().unwrap();
         assert_eq!(failed, sender_failed_one);
+    });
+}
+
+/// (d) A payload lent whole while the receiver reads the next one, then an ordinary offer:
+/// either side copies the lent one, once, and the receiver sees it complete before it reads
+/// its buffer; a sender that claims the lent payload late writes nothing into the next
+/// offer's buffer.
+#[test]
+fn a_lent_payload_is_copied_once_by_either_side() {
+    model(|| {
+        with_sender(Job::new(3), |job| {
+            job.lend_then_read_next(0);
+            job.receive(2);
+        });
     });
 }

@@ -63,6 +63,8 @@ pub(crate) struct ReadOutcome {
     pub(crate) bytes: usize,
     /// Records or frames dropped as malformed.
     pub(crate) malformed: usize,
+    /// Payloads lent whole to the sender.
+    pub(crate) lent: usize,
     /// The producer is waiting for space and must be signalled.
     pub(crate) producer_waits: bool,
     /// The sender's single-copy payloads read so far, by token (see
@@ -94,6 +96,69 @@ struct Stream {
     broken: bool,
     /// One past the token of the last single-copy record handled.
     tokens_read: u64,
+    /// A payload to lend whole to the sender, to write while this side reads the one after
+    /// it (see `split_copy::LEND_MAX`): lent once that one has its buffer, and delivered
+    /// before anything read after it.
+    to_lend: Option<PayloadRead>,
+    /// What lending did beside the records handled, not yet counted by the read.
+    lending: LendingTally,
+}
+
+/// Payloads delivered, dropped and lent by the lending of payloads (see
+/// [`Stream::read_and_deliver`]), apart from what the record being handled returns.
+#[derive(Debug, Default)]
+struct LendingTally {
+    bytes: usize,
+    malformed: usize,
+    lent: usize,
+}
+
+impl LendingTally {
+    /// Counts what delivering a payload came to.
+    fn add(&mut self, h: Handled) {
+        match h {
+            Handled::Delivered(n) | Handled::ReadAcross(n) => self.bytes += n,
+            Handled::Malformed => self.malformed += 1,
+            Handled::Nothing | Handled::Lendable(_) => {}
+        }
+    }
+}
+
+/// A single-copy payload to read: its frame's header and where it lies in the sender's memory.
+#[derive(Debug)]
+struct PayloadRead {
+    header: Header,
+    token: u64,
+    addr: u64,
+    len: usize,
+}
+
+/// A receive buffer for a single-copy payload, lined up with its source (see
+/// `BufferPool::take_lined_up`): the payload goes to its spare capacity after `skip` zeros.
+struct Landing {
+    buf: Vec<u8>,
+    skip: usize,
+}
+
+impl Landing {
+    /// A buffer for `read` from the pool (`None`: no memory for it).
+    fn take(into: &ReadInto<'_>, read: &PayloadRead) -> Option<Landing> {
+        let (buf, skip) = into.pool.take_lined_up(read.len, read.addr)?;
+        Some(Landing { buf, skip })
+    }
+
+    /// Where the payload goes.
+    fn dst(&mut self) -> *mut u8 {
+        self.buf.spare_capacity_mut().as_mut_ptr().cast()
+    }
+}
+
+/// A payload lent whole to the sender (`SplitSlot::lend`): the receiver finishes it after
+/// reading the next one.
+struct Lent {
+    read: PayloadRead,
+    landing: Landing,
+    offer: split_copy::Offer,
 }
 
 impl Inbound {
@@ -109,6 +174,8 @@ impl Inbound {
                 said_bye: false,
                 broken: false,
                 tokens_read: 0,
+                to_lend: None,
+                lending: LendingTally::default(),
             },
         })
     }
@@ -154,7 +221,9 @@ impl Inbound {
     /// one message ahead, reading both delayed this rank's next send by a whole read, the
     /// peer then read two while this rank waited, and so on — the two ranks' reads never
     /// overlapped (`rw-bench ring` at 64 KiB: one read at a time, seen in `perf`'s syscall
-    /// trace).
+    /// trace). The exception is a medium payload followed by another: the first is lent
+    /// whole to its sender, which writes it while this rank reads the second, so the two
+    /// take about as long as one read (see `Stream::read_and_deliver`).
     ///
     /// The byte bound is what keeps large receives in cache: a receive waiting for its
     /// message pumps only until it has it, so the next large payload is read when its own
@@ -183,23 +252,40 @@ impl Inbound {
             let popped = self
                 .consumer
                 .pop(&data, |kind, body| stream.handle(kind, body, into, out));
-            match popped {
+            let mut handled = match popped {
                 Popped::Empty => break,
-                Popped::Corrupt => stream.broken = true,
-                Popped::Record(handled) => {
-                    outcome.records += 1;
-                    match handled {
-                        Handled::Delivered(n) => outcome.bytes += n,
-                        Handled::ReadAcross(n) => {
-                            outcome.bytes += n;
-                            break;
-                        }
-                        Handled::Malformed => outcome.malformed += 1,
-                        Handled::Nothing => {}
-                    }
+                Popped::Corrupt => {
+                    stream.broken = true;
+                    continue;
                 }
+                Popped::Record(handled) => handled,
+            };
+            outcome.records += 1;
+            if let Handled::Lendable(read) = handled {
+                // A look at the next record, which stays where it is.
+                let mut next_lendable = false;
+                let _ = self.consumer.pop_if(&data, |kind, body| {
+                    next_lendable = lendable_record(kind, body);
+                    None::<()>
+                });
+                handled = stream.read_or_lend(read, next_lendable, into, out);
+            }
+            match handled {
+                Handled::Delivered(n) => outcome.bytes += n,
+                Handled::ReadAcross(n) => {
+                    outcome.bytes += n;
+                    break;
+                }
+                Handled::Malformed => outcome.malformed += 1,
+                Handled::Nothing | Handled::Lendable(_) => {}
             }
         }
+        // Nothing followed it after all (the read's budget ran out): read here.
+        stream.settle_lent(into, out);
+        let lending = std::mem::take(&mut stream.lending);
+        outcome.bytes += lending.bytes;
+        outcome.malformed += lending.malformed;
+        outcome.lent = lending.lent;
         let mut waits = false;
         if stream.said_bye || stream.broken {
             // Nothing after a goodbye or a broken record is read: drop it all, so the ring
@@ -374,7 +460,12 @@ impl Stream {
         out: &mut Vec<Arrival>,
     ) -> Handled {
         let discard = into.discard;
-        let Some(rec) = record::parse(kind, body) else {
+        let rec = record::parse(kind, body);
+        if !matches!(rec, Some(Record::SingleCopy { .. })) {
+            // Whatever comes after a lent payload is delivered after it.
+            self.settle_lent(into, out);
+        }
+        let Some(rec) = rec else {
             return Handled::Malformed;
         };
         match rec {
@@ -394,36 +485,24 @@ impl Stream {
             } => {
                 // Counted read even when malformed or discarded: the sender may let go.
                 self.tokens_read = self.tokens_read.max(token.saturating_add(1));
-                if discard {
-                    return Handled::Nothing;
-                }
-                // The payload gets a buffer of its own (typically a power of two, which the
-                // pool keeps well), apart from the header.
-                let header = match wire::decode_header(header) {
-                    Ok((h, declared, used)) if declared == len && used == header.len() => h,
-                    _ => return Handled::Malformed,
+                let read = if discard {
+                    None
+                } else {
+                    payload_read(token, addr, len, header)
                 };
-                let Ok(len) = usize::try_from(len) else {
-                    return Handled::Malformed;
-                };
-                // Lined up with the source: the kernel's copy is as slow as `memcpy`'s worst
-                // case when the two are 1–63 bytes apart modulo a page (see `byte_copy`).
-                let Some((mut buf, skip)) = into.pool.take_lined_up(len, addr) else {
-                    return Handled::Malformed;
-                };
-                match read_payload(into, token, addr, len, &mut buf) {
-                    Ok(()) => {
-                        let payload = into.pool.freeze_after(buf, skip);
-                        out.push(Arrival::Frame {
-                            from: self.sender,
-                            frame: Frame { header, payload },
-                        });
-                        Handled::ReadAcross(len)
+                match read {
+                    None => {
+                        self.settle_lent(into, out);
+                        if discard {
+                            Handled::Nothing
+                        } else {
+                            Handled::Malformed
+                        }
                     }
-                    Err(e) => {
-                        tracing::warn!(sender = self.sender, error = %e, "single-copy read failed");
-                        Handled::Malformed
+                    Some(read) if self.to_lend.is_none() && may_lend(into, read.len) => {
+                        Handled::Lendable(read)
                     }
+                    Some(read) => self.read_and_deliver(read, into, out),
                 }
             }
             Record::ChunkFirst { total, piece } => {
@@ -457,6 +536,138 @@ impl Stream {
                 Handled::Nothing
             }
         }
+    }
+
+    /// A payload that [`handle`](Self::handle) found lendable, once the read has looked at
+    /// the record after it: lent to the sender if that one is a payload to read meanwhile
+    /// (`next_lendable`), else read now.
+    fn read_or_lend(
+        &mut self,
+        read: PayloadRead,
+        next_lendable: bool,
+        into: &ReadInto<'_>,
+        out: &mut Vec<Arrival>,
+    ) -> Handled {
+        if next_lendable {
+            self.to_lend = Some(read);
+            return Handled::Nothing;
+        }
+        self.read_and_deliver(read, into, out)
+    }
+
+    /// Reads a single-copy payload and delivers it. With a payload to lend before it, that
+    /// one is lent first — after this one's buffer is taken: the application gives them back
+    /// to the pool in order, so next time the sender writes the same buffer again and this
+    /// side reads into the same one, each staying in the cache of the core that fills it
+    /// (taken the other way round, the two buffers swapped sides each time and bandwidth at
+    /// 64 KiB fell by a third) — then this one is read alone (the lent one holds the
+    /// split-copy slot), and the lent one is finished and delivered before it.
+    fn read_and_deliver(
+        &mut self,
+        read: PayloadRead,
+        into: &ReadInto<'_>,
+        out: &mut Vec<Arrival>,
+    ) -> Handled {
+        let Some(mut landing) = Landing::take(into, &read) else {
+            self.settle_lent(into, out);
+            return Handled::Malformed;
+        };
+        let lent = self.to_lend.take().map(|r| lend(into, r));
+        let may_split = !matches!(lent, Some(Ok(_)));
+        // SAFETY: the landing's spare capacity holds `read.len` bytes (`take_lined_up`), and
+        // nothing else refers to it.
+        let result = unsafe {
+            read_payload_raw(
+                into,
+                may_split,
+                read.token,
+                read.addr,
+                landing.dst(),
+                read.len,
+            )
+        };
+        match lent {
+            Some(Ok(lent)) => {
+                self.lending.lent += 1;
+                let h = self.settle(lent, into, out);
+                self.lending.add(h);
+            }
+            Some(Err(planned)) => {
+                let h = self.read_and_deliver(planned, into, out);
+                self.lending.add(h);
+            }
+            None => {}
+        }
+        match result {
+            // SAFETY: every byte of the payload was written, here or by the sender.
+            Ok(()) => unsafe { self.deliver_read(read, landing, into, out) },
+            Err(e) => {
+                tracing::warn!(sender = self.sender, error = %e, "single-copy read failed");
+                Handled::Malformed
+            }
+        }
+    }
+
+    /// Reads and delivers the payload to lend, if any, now: nothing else follows it.
+    fn settle_lent(&mut self, into: &ReadInto<'_>, out: &mut Vec<Arrival>) {
+        if let Some(read) = self.to_lend.take() {
+            let h = self.read_and_deliver(read, into, out);
+            self.lending.add(h);
+        }
+    }
+
+    /// Finishes a lent payload — reads what the sender has not claimed, waits for what it
+    /// has — and delivers it.
+    fn settle(&self, lent: Lent, into: &ReadInto<'_>, out: &mut Vec<Arrival>) -> Handled {
+        let Lent {
+            read,
+            mut landing,
+            offer,
+        } = lent;
+        let dst = landing.dst();
+        let finished = match into.split {
+            // SAFETY: the offer's destination is the landing's spare capacity, `read.len`
+            // bytes, which nothing here has touched since it was lent; the buffer stays in
+            // place.
+            Some(slot) => unsafe { finish_offer(into, slot, offer, read.addr, dst, read.len) },
+            // Not reached (a payload is lent only through the slot), but then it is this
+            // side's to read.
+            // SAFETY: as above, and nobody was offered these bytes.
+            None => unsafe { cma::read_raw(into.sender_pid, read.addr, dst, read.len) },
+        };
+        match finished {
+            // SAFETY: every byte was written, by the sender or by this side.
+            Ok(()) => unsafe { self.deliver_read(read, landing, into, out) },
+            Err(e) => {
+                tracing::warn!(sender = self.sender, error = %e, "lent single-copy read failed");
+                Handled::Malformed
+            }
+        }
+    }
+
+    /// Delivers a single-copy payload read into `landing`.
+    ///
+    /// # Safety
+    ///
+    /// The first `read.len` bytes of the landing's spare capacity have been written.
+    unsafe fn deliver_read(
+        &self,
+        read: PayloadRead,
+        mut landing: Landing,
+        into: &ReadInto<'_>,
+        out: &mut Vec<Arrival>,
+    ) -> Handled {
+        // SAFETY: the caller's promise.
+        unsafe { landing.buf.set_len(landing.buf.len() + read.len) };
+        let payload = into.pool.freeze_after(landing.buf, landing.skip);
+        out.push(Arrival::Frame {
+            from: self.sender,
+            frame: Frame {
+                header: read.header,
+                payload,
+            },
+        });
+        Handled::ReadAcross(read.len)
     }
 
     /// Delivers the reassembled frame once all its pieces are in.
@@ -499,26 +710,53 @@ impl Stream {
     }
 }
 
-/// Reads a single-copy payload of `len` bytes at `addr` of the sender into `buf`'s spare
-/// capacity and extends `buf` by it (see [`read_payload_raw`]).
-fn read_payload(
-    into: &ReadInto<'_>,
-    token: u64,
-    addr: u64,
-    len: usize,
-    buf: &mut Vec<u8>,
-) -> Result<(), String> {
-    if buf.capacity() - buf.len() < len {
-        return Err("receive buffer too small".into());
-    }
-    // SAFETY: within the spare capacity (checked above).
-    let dst = unsafe { buf.as_mut_ptr().add(buf.len()) };
-    // SAFETY: `dst..dst + len` is spare capacity of `buf`: writable, and nothing else refers
-    // to it while `buf` is borrowed here.
-    unsafe { read_payload_raw(into, token, addr, dst, len)? };
-    // SAFETY: every byte after the old length was written, by a read here or by the sender.
-    unsafe { buf.set_len(buf.len() + len) };
-    Ok(())
+/// A single-copy record's payload, its frame header decoded (`None` if it does not decode or
+/// does not match the record). The payload will get a buffer of its own (typically a power
+/// of two, which the pool keeps well), apart from the header.
+fn payload_read(token: u64, addr: u64, len: u64, header: &[u8]) -> Option<PayloadRead> {
+    let header = match wire::decode_header(header) {
+        Ok((h, declared, used)) if declared == len && used == header.len() => h,
+        _ => return None,
+    };
+    Some(PayloadRead {
+        header,
+        token,
+        addr,
+        len: usize::try_from(len).ok()?,
+    })
+}
+
+/// Lends `read` whole to the sender (`SplitSlot::lend`) in a buffer of its own; gives it
+/// back if it cannot be lent.
+fn lend(into: &ReadInto<'_>, read: PayloadRead) -> Result<Lent, PayloadRead> {
+    let (Some(slot), Some(mut landing)) = (into.split, Landing::take(into, &read)) else {
+        return Err(read);
+    };
+    let offer = slot.lend(read.token, landing.dst() as u64, read.len as u64);
+    Ok(Lent {
+        read,
+        landing,
+        offer,
+    })
+}
+
+/// Whether a payload of `len` bytes may be lent to the sender (see `split_copy::LEND_MAX`),
+/// should another follow it.
+fn may_lend(into: &ReadInto<'_>, len: usize) -> bool {
+    into.split.is_some()
+        && (split_copy::SPLIT_MIN..=split_copy::LEND_MAX).contains(&(len as u64))
+        && (into.sender_free)()
+}
+
+/// Whether a record is a single-copy payload that the receiver may read itself while the
+/// sender writes a lent one.
+fn lendable_record(kind: u8, body: &[u8]) -> bool {
+    kind == record::SINGLE_COPY
+        && matches!(
+            record::parse(kind, body),
+            Some(Record::SingleCopy { len, .. })
+                if (split_copy::SPLIT_MIN..=split_copy::LEND_MAX).contains(&len)
+        )
 }
 
 /// Reads the single-copy payload of `dst.len()` bytes at `addr` of the sender into `dst` (see
@@ -531,30 +769,30 @@ fn read_payload_to(
 ) -> Result<(), String> {
     // SAFETY: an exclusively borrowed slice: writable for its length, and nothing else
     // accesses it until this returns.
-    unsafe { read_payload_raw(into, token, addr, dst.as_mut_ptr(), dst.len()) }
+    unsafe { read_payload_raw(into, true, token, addr, dst.as_mut_ptr(), dst.len()) }
 }
 
 /// Reads a single-copy payload of `len` bytes at `addr` of the sender to `dst`: shared with
-/// the sender where the pair has a split-copy slot and the payload is long enough (see
-/// `split_copy`), else in one read.
+/// the sender where the pair has a split-copy slot, `may_split` and the payload is long
+/// enough (see `split_copy`), else in one read.
 ///
 /// # Safety
 ///
 /// `dst` is writable for `len` bytes, and nothing else reads or writes them until this returns.
 unsafe fn read_payload_raw(
     into: &ReadInto<'_>,
+    may_split: bool,
     token: u64,
     addr: u64,
     dst: *mut u8,
     len: usize,
 ) -> Result<(), String> {
-    let pid = into.sender_pid;
     let Some(slot) = into
         .split
-        .filter(|_| len as u64 >= split_copy::SPLIT_MIN && (into.sender_free)())
+        .filter(|_| may_split && len as u64 >= split_copy::SPLIT_MIN && (into.sender_free)())
     else {
         // SAFETY: the caller's promise.
-        return unsafe { cma::read_raw(pid, addr, dst, len) };
+        return unsafe { cma::read_raw(into.sender_pid, addr, dst, len) };
     };
     // From here until the offer is finished, the sender may write any chunk it claims to
     // `dst`: nothing here touches those bytes but the reads of the chunks this side claims.
@@ -562,6 +800,27 @@ unsafe fn read_payload_raw(
     if len as u64 >= split_copy::WAKE_MIN {
         (into.wake_sender)();
     }
+    // SAFETY: the caller's promise, and `offer` is of these bytes.
+    unsafe { finish_offer(into, slot, offer, addr, dst, len) }
+}
+
+/// The receiver's part of `offer` (a payload of `len` bytes at `addr` of the sender, going to
+/// `dst`): reads the chunks the sender has not claimed, waits for those it has, and reads
+/// the whole payload again if the sender's copy failed.
+///
+/// # Safety
+///
+/// `dst` is writable for `len` bytes and is the offer's destination, and nothing but the two
+/// sides' copies of their claims reads or writes them until this returns.
+unsafe fn finish_offer(
+    into: &ReadInto<'_>,
+    slot: &SplitSlot,
+    offer: split_copy::Offer,
+    addr: u64,
+    dst: *mut u8,
+    len: usize,
+) -> Result<(), String> {
+    let pid = into.sender_pid;
     slot.read_chunks(offer.tag, |c| {
         // SAFETY: the chunk lies within `dst..dst + len` (the caller's writable bytes) and was
         // claimed by this side alone: the sender writes only the chunks it claimed.
@@ -621,6 +880,9 @@ fn inline_frame(body: &[u8]) -> Option<(Header, &[u8])> {
 /// What handling one record did.
 enum Handled {
     Delivered(usize),
+    /// A single-copy payload that may be lent to the sender, if another follows: the read
+    /// looks at the next record, then asks [`Stream::read_or_lend`].
+    Lendable(PayloadRead),
     /// Delivered by a single-copy read of this many bytes: the read stops after it.
     ReadAcross(usize),
     Malformed,

@@ -192,6 +192,7 @@ struct Counters {
     peers_lost: AtomicU64,
     /// Bytes written into receivers' buffers as this rank's share of split copies.
     split_bytes_written: AtomicU64,
+    payloads_lent: AtomicU64,
     /// Records read from the rings and queued records published: [`Transport::traffic`].
     traffic: AtomicU64,
 }
@@ -536,6 +537,7 @@ impl ShmRank {
         s.wakeups_missed = get(&c.wakeups_missed);
         s.peers_lost = get(&c.peers_lost);
         s.split_bytes_written = get(&c.split_bytes_written);
+        s.payloads_lent = get(&c.payloads_lent);
         s.now = self.now();
         s
     }
@@ -910,6 +912,9 @@ impl ShmRank {
                 ring.read(&self.own, into, READ_BUDGET, out)
             });
             self.publish_tokens_read(ring.sender(), outcome.tokens_read);
+            if outcome.lent > 0 {
+                bump(&self.counters.payloads_lent, outcome.lent as u64);
+            }
             malformed += outcome.malformed as u64;
             bytes += outcome.bytes as u64;
             records += outcome.records as u64;

@@ -32,6 +32,11 @@
 //!    `failed` is set, the receiver reads the whole payload itself (the sender still holds it:
 //!    its token is not counted read until the receiver is done).
 //!
+//! **Lending.** A payload of two chunks that another follows in the ring is offered as one
+//! chunk instead ([`SplitSlot::lend`], up to [`LEND_MAX`]): the sender writes all of it while
+//! the receiver reads the next payload alone, then the receiver claims it back if the sender
+//! has not, and finishes as in step 4.
+//!
 //! The sender helps only with a payload it holds (it looks the tag up among them) of the
 //! length the offer says, and only where the kernel lets it write the receiver's memory. Where
 //! it never helps, the receiver reads every chunk itself, at about the speed of one read.
@@ -55,6 +60,13 @@ pub(crate) const SPLIT_MIN: u64 = 32 * 1024;
 /// 35 µs here; reading 512 KiB alone takes ~50). A sender waiting long for its sends — a
 /// window of large messages — stops spinning and sleeps, and would otherwise help with none.
 pub(crate) const WAKE_MIN: u64 = 512 * 1024;
+
+/// Payloads of [`SPLIT_MIN`] up to this many bytes — two chunks — may be *lent* whole to the
+/// sender when another such payload follows in the ring: the sender writes the first while
+/// the receiver reads the second, one system call each instead of two per payload, with no
+/// wait for each other in between (see `inbound::Stream`). Longer payloads have chunks enough
+/// to keep both sides busy on one payload.
+pub(crate) const LEND_MAX: u64 = 2 * CHUNK;
 
 /// The chunk: the unit of claims (half the payload below twice this; longer where a payload
 /// has more than `MAX_CHUNKS` of them).
@@ -145,9 +157,21 @@ impl SplitSlot {
     /// The receiver offers the payload with `token`, `len` bytes going to address `dst` of its
     /// memory. Only after the previous offer is [`finished`](Self::is_finished).
     pub(crate) fn offer(&self, token: u64, dst: u64, len: u64) -> Offer {
+        self.publish(token, dst, len, chunks_for(len))
+    }
+
+    /// The receiver hands the payload with `token` to the sender whole, as one chunk, while
+    /// it reads the next payload itself (see [`LEND_MAX`]); it takes the chunk back with
+    /// [`read_chunks`](Self::read_chunks) if the sender has not claimed it by then. Only
+    /// after the previous offer is [`finished`](Self::is_finished).
+    pub(crate) fn lend(&self, token: u64, dst: u64, len: u64) -> Offer {
+        self.publish(token, dst, len, 1)
+    }
+
+    fn publish(&self, token: u64, dst: u64, len: u64, chunks: u64) -> Offer {
         let offer = Offer {
             tag: tag_of(token),
-            chunks: chunks_for(len),
+            chunks,
         };
         self.dst.store(dst, Ordering::Relaxed);
         self.len.store(len, Ordering::Relaxed);
@@ -332,6 +356,33 @@ mod tests {
                 "len {len}: a byte was never copied"
             );
         }
+    }
+
+    /// A lent payload is one chunk: the sender takes it whole, or, when the sender has not
+    /// come, the receiver takes it back whole.
+    #[test]
+    fn a_lent_payload_is_taken_whole_by_one_side() {
+        let len = 70_000;
+        assert!((SPLIT_MIN..=LEND_MAX).contains(&len));
+        let slot = SplitSlot::default();
+        let offer = slot.lend(5, 0x8000, len);
+        assert_eq!(offer.chunks, 1);
+        assert_eq!(slot.open_offer(), Some(offer.tag));
+        let theirs = slot.claim(offer.tag).unwrap();
+        assert_eq!((theirs.dst, theirs.offset, theirs.len), (0x8000, 0, len));
+        assert_eq!(slot.read_chunks(offer.tag, |_| unreachable!()), 0);
+        assert!(!slot.is_finished(offer), "the sender's copy is still out");
+        slot.finish(theirs, true);
+        assert!(slot.is_finished(offer));
+        let offer = slot.lend(6, 0x8000, len);
+        let mut mine = Vec::new();
+        let read = slot.read_chunks(offer.tag, |c| {
+            mine.push((c.offset, c.len));
+            true
+        });
+        assert_eq!((read, mine), (len, vec![(0, len)]));
+        assert!(slot.is_finished(offer));
+        assert_eq!(slot.take_chunks(offer.tag, |_| unreachable!()), 0);
     }
 
     /// A receiver left alone takes half, then the rest in one claim; a sender that comes

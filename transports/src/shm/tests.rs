@@ -220,8 +220,9 @@ async fn a_drain_stops_after_one_single_copy_read() {
     assert_eq!(collect(&t[1], &[&t[0]], 1).len(), 1);
     t[0].send(1, eager(1, pattern(10, 1))).unwrap();
     t[0].send(1, eager(2, pattern(10, 2))).unwrap();
-    t[0].send(1, eager(3, pattern(70_000, 3))).unwrap();
-    t[0].send(1, eager(4, pattern(70_000, 4))).unwrap();
+    // Too long to be lent to the sender (see the next test).
+    t[0].send(1, eager(3, pattern(200_000, 3))).unwrap();
+    t[0].send(1, eager(4, pattern(200_000, 4))).unwrap();
     t[0].send(1, eager(5, pattern(10, 5))).unwrap();
     assert_eq!(t[0].counters().single_copy_sent, 2);
     let mut out = Vec::new();
@@ -239,6 +240,60 @@ async fn a_drain_stops_after_one_single_copy_read() {
     let got = payloads(out, 0);
     assert_eq!(got.len(), 1);
     assert_eq!((got[0].0, &got[0].1[..]), (5, &pattern(10, 5)[..]));
+}
+
+/// Two medium single-copy payloads in a row are read in one drain: the first is lent whole to
+/// the sender to write while the receiver reads the second, and arrives first. A sender that
+/// never looks (no progress runs on it here) leaves the lent one to the receiver, which
+/// reads it after the second. A medium payload before anything else, or last, is read by
+/// itself.
+#[tokio::test]
+async fn two_medium_payloads_in_a_row_are_read_in_one_drain_the_first_lent() {
+    let t = job(2, settings(128 * 1024, true));
+    connect_both_ways(&t);
+    let len = 70_000;
+    for seq in 1..=3 {
+        t[0].send(1, eager(seq, pattern(len, seq))).unwrap();
+    }
+    t[0].send(1, eager(4, pattern(10, 4))).unwrap();
+    t[0].send(1, eager(5, pattern(len, 5))).unwrap();
+    let mut out = Vec::new();
+    let mut drains = Vec::new();
+    while drains.iter().map(Vec::len).sum::<usize>() < 5 {
+        t[1].drain(&mut out).unwrap();
+        let got = payloads(std::mem::take(&mut out), 0);
+        for (seq, p) in &got {
+            let n = if *seq == 4 { 10 } else { len };
+            assert!(p[..] == pattern(n, *seq)[..], "content of {seq}");
+        }
+        drains.push(got.into_iter().map(|(s, _)| s).collect::<Vec<_>>());
+        assert!(drains.len() <= 4, "{drains:?}");
+    }
+    assert_eq!(drains, [vec![1, 2], vec![3], vec![4, 5]]);
+    assert_eq!(t[1].counters().payloads_lent, 1);
+    assert_eq!(
+        t[0].counters().split_bytes_written,
+        0,
+        "the sender never ran"
+    );
+}
+
+/// Connects `t[0]` and `t[1]` both ways: each then knows the other may write its memory.
+fn connect_both_ways(t: &[ShmTransport]) {
+    t[1].send(0, eager(0, vec![1])).unwrap();
+    assert_eq!(collect(&t[0], &[], 1).len(), 1);
+    t[0].send(1, eager(0, vec![1])).unwrap();
+    assert_eq!(collect(&t[1], &[], 1).len(), 1);
+}
+
+/// A window of medium payloads, with the sender's progress running: the sender writes some
+/// of them (lent whole, or shares), and all arrive whole and in order.
+#[tokio::test]
+async fn a_sender_writes_medium_payloads_lent_to_it() {
+    let t = job(2, settings(1 << 20, true));
+    connect_both_ways(&t);
+    rounds_until_the_sender_writes(&t, 16, 64 * 1024);
+    assert!(t[1].counters().payloads_lent > 0);
 }
 
 #[tokio::test]
@@ -1168,6 +1223,23 @@ fn split_round(t: &[ShmTransport], count: usize, len: usize, seed: u64, helper: 
     });
 }
 
+/// Runs [`split_round`]s of `count` payloads of `len` bytes, the sender's progress running
+/// on another thread, until the sender has written some bytes into the receiver's buffers
+/// (at most 50 rounds: whether it gets to a payload first depends on the threads' timing).
+fn rounds_until_the_sender_writes(t: &[ShmTransport], count: usize, len: usize) {
+    let mut rounds = 0;
+    while t[0].counters().split_bytes_written == 0 {
+        rounds += 1;
+        assert!(
+            rounds <= 50,
+            "the sender never wrote into the receiver's buffer"
+        );
+        split_round(t, count, len, rounds, || {
+            t[0].drain(&mut Vec::new()).unwrap();
+        });
+    }
+}
+
 /// A sender whose progress runs while the receiver reads writes a share of each long payload
 /// into the receiver's buffer (`split_bytes_written`), and the payloads arrive whole. Whether
 /// the sender gets to a payload before the receiver has taken all of it depends on the
@@ -1175,24 +1247,13 @@ fn split_round(t: &[ShmTransport], count: usize, len: usize, seed: u64, helper: 
 #[tokio::test]
 async fn a_sender_writes_its_share_of_long_payloads() {
     let t = job(2, settings(1 << 20, true));
-    // Connect both ways: the receiver then knows the sender may write its memory.
-    t[1].send(0, eager(0, vec![1])).unwrap();
-    assert_eq!(collect(&t[0], &[], 1).len(), 1);
-    t[0].send(1, eager(0, vec![1])).unwrap();
-    assert_eq!(collect(&t[1], &[], 1).len(), 1);
-    let mut rounds = 0;
-    while t[0].counters().split_bytes_written == 0 {
-        rounds += 1;
-        assert!(rounds <= 50, "the sender never wrote a share");
-        split_round(&t, 4, 4 << 20, rounds, || {
-            t[0].drain(&mut Vec::new()).unwrap();
-        });
-    }
+    connect_both_ways(&t);
+    rounds_until_the_sender_writes(&t, 4, 4 << 20);
     let c = t[0].counters();
     assert!(c.split_bytes_written < c.bytes_sent);
-    // Small payloads are never offered.
+    // Payloads shorter than `SPLIT_MIN` are never offered.
     let before = c.split_bytes_written;
-    split_round(&t, 8, 60_000, 99, || {
+    split_round(&t, 8, 30_000, 99, || {
         t[0].drain(&mut Vec::new()).unwrap();
     });
     assert_eq!(t[0].counters().split_bytes_written, before);
@@ -1209,10 +1270,7 @@ async fn a_failed_share_is_read_again_by_the_receiver() {
             ..settings(1 << 20, true)
         },
     );
-    t[1].send(0, eager(0, vec![1])).unwrap();
-    assert_eq!(collect(&t[0], &[], 1).len(), 1);
-    t[0].send(1, eager(0, vec![1])).unwrap();
-    assert_eq!(collect(&t[1], &[], 1).len(), 1);
+    connect_both_ways(&t);
     let slot = t[1].rank.own.split_slot(0).unwrap();
     let failed = AtomicU64::new(0);
     let mut rounds = 0;
