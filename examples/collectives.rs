@@ -22,6 +22,11 @@ fn input(r: usize, len: usize) -> Vec<u32> {
         .collect()
 }
 
+/// `v`'s bytes, as the bytes variants take them.
+fn as_bytes(v: &[u32]) -> Vec<u8> {
+    bytemuck::cast_slice(v).to_vec()
+}
+
 fn fail(what: String) -> Error {
     Error::InvalidArgument(format!("check failed: {what}"))
 }
@@ -84,13 +89,30 @@ async fn check_all(comm: Communicator) -> Result<usize, Error> {
         let blocks: Vec<u32> = (0..n).flat_map(|d| input(me * n + d, len)).collect();
         let want: Vec<u32> = (0..n).flat_map(|s| input(s * n + me, len)).collect();
         expect("all_to_all", &comm.all_to_all(&blocks).await?, &want)?;
+        // The bytes variants, which share the caller's bytes with the peers, on every rank and
+        // then on odd ranks only, beside the typed calls of the even ones.
+        let (mine_b, blocks_b) = (as_bytes(&mine), as_bytes(&blocks));
+        let (concat_b, want_b) = (as_bytes(&concat), as_bytes(&want));
+        let gathered = comm.all_gather_bytes(mine_b.clone()).await?;
+        expect("all_gather_bytes", &gathered, &concat_b)?;
+        let swapped = comm.all_to_all_bytes(blocks_b.clone()).await?;
+        expect("all_to_all_bytes", &swapped, &want_b)?;
+        let (gathered, swapped) = if me % 2 == 1 {
+            let gathered = comm.all_gather_bytes(mine_b).await?;
+            (gathered, comm.all_to_all_bytes(blocks_b).await?)
+        } else {
+            let gathered = comm.all_gather::<u8>(&mine_b).await?;
+            (gathered, comm.all_to_all::<u8>(&blocks_b).await?)
+        };
+        expect("all_gather_bytes beside all_gather", &gathered, &concat_b)?;
+        expect("all_to_all_bytes beside all_to_all", &swapped, &want_b)?;
         let wide: Vec<u32> = (0..n).flat_map(|_| mine.iter().copied()).collect();
         expect(
             "reduce_scatter",
             &comm.reduce_scatter(&wide, Op::Sum).await?,
             &sum,
         )?;
-        checks += 4;
+        checks += 8;
     }
     // Counts that differ from rank to rank.
     let v = comm.all_gatherv(&input(me, me * 3)).await?;

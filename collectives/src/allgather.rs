@@ -9,8 +9,9 @@
 //!   its successor. Every link carries each block once: best for large blocks.
 //! - **Direct reads** (`all_gather`, ranks that can read each other's memory: one host, shared
 //!   memory): each rank copies its block into its place in the result vector at the call and
-//!   announces the vector's address; then each reads every peer's block straight from the peer's
-//!   result into its own (`process_vm_readv`), and says when it is done ([`crate::exposure`]).
+//!   announces where its block is — there, or in the caller's bytes that `all_gather_bytes`
+//!   holds ([`OwnBlock`]); then each reads every peer's block straight from the peer into its
+//!   own result (`process_vm_readv`), and says when it is done ([`crate::exposure`]).
 //!   Per rank that is its own block copied once and every other block read once, into place,
 //!   as MPI libraries do with cross-memory attach — where the message algorithms copy the input
 //!   into a message, receive each block into a buffer of the transport's and copy every block
@@ -34,7 +35,7 @@ use rankweave_core::tuning::AllgatherAlgorithm;
 use crate::Element;
 use crate::ctx::{Ctx, encode_blocks, to_vec};
 use crate::ctx::{await_all, concat_equal_blocks, decode_expected_blocks, powers_of_two_below};
-use crate::exposure;
+use crate::exposure::{self, Exposure};
 use crate::filling::Filling;
 
 pub(crate) async fn all_gather<T: Element>(
@@ -116,21 +117,47 @@ pub(crate) fn result_with_own<T: Element>(cx: &Ctx, own: &[T]) -> Filling<T> {
     result
 }
 
+/// Where a rank's peers read its block in an `all_gather` by [`direct`] reads.
+pub(crate) enum OwnBlock {
+    /// In its place in the rank's result, where it was copied at the call (`all_gather`: the
+    /// caller's slice is only borrowed for the call).
+    InResult,
+    /// In the caller's own bytes, which the collective holds until every peer has read them
+    /// (`all_gather_bytes`): nothing is copied for the peers, and bytes the caller has not
+    /// written since are read from clean cache lines rather than taken from this rank's cache
+    /// line by line — twice as fast at 64 KiB here.
+    Shared(Bytes),
+}
+
 /// `all_gather` by direct reads into `result` (from [`result_with_own`]): block q straight from
-/// rank q's result; or, where some rank cannot read the others' memory, by messages.
-pub(crate) async fn direct<T: Element>(cx: Ctx, mut result: Filling<T>) -> Result<Vec<T>, Error> {
+/// rank q (where `own` says it keeps it); or, where some rank cannot read the others' memory,
+/// by messages.
+pub(crate) async fn direct<T: Element>(
+    cx: Ctx,
+    mut result: Filling<T>,
+    own: OwnBlock,
+) -> Result<Vec<T>, Error> {
     let (me, count) = (cx.rank, result.count());
     // Zero-sized elements have no bytes to read; one rank has nobody to read from.
     if size_of::<T>() > 0 && cx.size > 1 {
-        let block_bytes = (count * size_of::<T>()) as u64;
-        let at = |q: usize| q as u64 * block_bytes;
+        // Each rank announces where its own block starts.
+        let mine = match &own {
+            OwnBlock::InResult => result.address() + (me * count * size_of::<T>()) as u64,
+            OwnBlock::Shared(bytes) => bytes.as_ptr() as u64,
+        };
+        let at = |_: usize, theirs: &Exposure| theirs.addr;
         if let Some(read) =
-            exposure::read_blocks(&cx, result.address(), count, &mut result, at).await
+            exposure::read_blocks(&cx, Exposure::at(mine), count, &mut result, at).await
         {
+            // Only now may the shared bytes go: every peer has read them.
+            drop(own);
             return read.and_then(|()| result.finish());
         }
     }
-    let own = Bytes::copy_from_slice(result.block(me).unwrap_or_default());
+    let own = match own {
+        OwnBlock::Shared(bytes) => bytes,
+        OwnBlock::InResult => Bytes::copy_from_slice(result.block(me).unwrap_or_default()),
+    };
     let algorithm = choose_for_equal_counts(&cx, own.len());
     let blocks = gather_everywhere(&cx, algorithm, own).await?;
     concat_equal_blocks(&blocks, count)

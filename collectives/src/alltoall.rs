@@ -17,7 +17,10 @@
 //!   result (`process_vm_readv`) and says when it is done ([`crate::exposure`]). Every block is
 //!   copied twice, where the message algorithms also receive it into a buffer of the
 //!   transport's and copy it again into the result; MPI libraries, which may read the caller's
-//!   own buffer for as long as the call lasts, copy it once.
+//!   own buffer for as long as the call lasts, copy it once. So does `all_to_all_bytes`: the
+//!   caller's bytes are shared with the collective until every peer has read its block of
+//!   them ([`DirectInput::Whole`]), and bytes not written since the last call are read from
+//!   clean cache lines (twice as fast at 64 KiB here as the fresh copy).
 //!
 //! `all_to_all` uses the `alltoall` override if set, else direct reads from `alltoall_direct`
 //! bytes per block where every rank can make them, else pairwise from `alltoall_large` bytes
@@ -34,7 +37,7 @@ use rankweave_core::tuning::AlltoallAlgorithm;
 use crate::Element;
 use crate::ctx::{Ctx, encode_blocks, to_bytes, to_vec};
 use crate::ctx::{await_all, concat_equal_blocks, decode_expected_blocks, powers_of_two_below};
-use crate::exposure;
+use crate::exposure::{self, Exposure};
 use crate::filling::Filling;
 
 pub(crate) async fn all_to_all<T: Element>(
@@ -132,8 +135,9 @@ pub(crate) enum DirectInput {
     /// Only the blocks for the other ranks, in rank order (this rank's own is in the result):
     /// what the peers read from, made where this rank can read every other's memory.
     ForPeers(Bytes),
-    /// Every block: this rank cannot read some peer's memory, so the direct reads will be
-    /// declined and the blocks go in messages.
+    /// Every block: the caller's own bytes (`all_to_all_bytes`), which the peers read in
+    /// place; or a copy, where this rank cannot read some peer's memory, so the direct reads
+    /// will be declined and the blocks go in messages.
     Whole(Bytes),
 }
 
@@ -169,13 +173,16 @@ pub(crate) async fn direct<T: Element>(
     let (n, me, count) = (cx.size, cx.rank, result.count());
     let block_bytes = count * size_of::<T>();
     let exposed = match &input {
-        DirectInput::ForPeers(bytes) | DirectInput::Whole(bytes) => bytes.as_ptr() as u64,
+        DirectInput::ForPeers(bytes) => Exposure {
+            without_own: true,
+            ..Exposure::at(bytes.as_ptr() as u64)
+        },
+        DirectInput::Whole(bytes) => Exposure::at(bytes.as_ptr() as u64),
     };
     // Zero-sized elements have no bytes to read; one rank has nobody to read from.
     if size_of::<T>() > 0 && n > 1 {
-        // Every rank could read every other's memory (or this one would have said it could
-        // not): each kept only the blocks for its peers.
-        let at = |q: usize| (index_for(q, me) * block_bytes) as u64;
+        // Each rank says whether it kept its own block beside its peers'.
+        let at = |q: usize, theirs: &Exposure| theirs.block_at(q, me, block_bytes as u64);
         if let Some(read) = exposure::read_blocks(&cx, exposed, count, &mut result, at).await {
             // Only now may the input go: every peer has read its block of it.
             drop(input);

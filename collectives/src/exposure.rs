@@ -20,14 +20,17 @@ use crate::Element;
 use crate::ctx::{Ctx, length_mismatch};
 use crate::filling::Filling;
 
-/// An announcement: the buffer's address (u64 LE), its length in elements (u64 LE), and a
-/// byte of [`ABLE`] and [`IN_ARENA`].
+/// An announcement: the buffer's address (u64 LE), its length in bytes (u64 LE: ranks that
+/// pass the same bytes typed differently agree), and a byte of [`ABLE`], [`IN_ARENA`] and
+/// [`WITHOUT_OWN`].
 const ANNOUNCEMENT: usize = 17;
 /// The sender can read every other rank's memory.
 const ABLE: u8 = 1;
 /// The buffer is at the start of the sender's [arena](rankweave_core::arena): a rank that has
 /// it mapped reads it with loads.
 const IN_ARENA: u8 = 2;
+/// The buffer holds one block per rank but the sender's own (see [`Exposure::block_at`]).
+const WITHOUT_OWN: u8 = 4;
 
 /// Where a rank's buffer is, as it announced it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,12 +39,39 @@ pub(crate) struct Exposure {
     pub addr: u64,
     /// It is at the start of the rank's arena.
     pub in_arena: bool,
+    /// Of a buffer of one block per rank, in rank order: the exposing rank's own block is left
+    /// out (it keeps that one elsewhere), so the blocks after it sit one place earlier.
+    pub without_own: bool,
+}
+
+impl Exposure {
+    /// A buffer at `addr`, not in an arena, with every block it is read for.
+    pub(crate) fn at(addr: u64) -> Exposure {
+        Exposure {
+            addr,
+            in_arena: false,
+            without_own: false,
+        }
+    }
+
+    /// Where the block for rank `reader` starts, in a buffer of blocks of `block_bytes` that
+    /// rank `exposer` exposed: a rank may pass the collective its whole input (every block) or
+    /// a copy without its own block, and its peers read either alike.
+    pub(crate) fn block_at(&self, exposer: usize, reader: usize, block_bytes: u64) -> u64 {
+        let index = if self.without_own && reader > exposer {
+            reader - 1
+        } else {
+            reader
+        };
+        self.addr.wrapping_add(index as u64 * block_bytes)
+    }
 }
 
 /// What a rank says of its buffer and of itself.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Announcement {
     exposure: Exposure,
+    /// In bytes.
     len: usize,
     able: bool,
 }
@@ -51,7 +81,12 @@ fn announcement(a: Announcement) -> Bytes {
     b.put_u64_le(a.exposure.addr);
     b.put_u64_le(a.len as u64);
     let in_arena = if a.exposure.in_arena { IN_ARENA } else { 0 };
-    b.put_u8(if a.able { ABLE } else { 0 } | in_arena);
+    let without_own = if a.exposure.without_own {
+        WITHOUT_OWN
+    } else {
+        0
+    };
+    b.put_u8(if a.able { ABLE } else { 0 } | in_arena | without_own);
     b.freeze()
 }
 
@@ -61,7 +96,7 @@ fn parse(from: usize, m: &[u8]) -> Result<Announcement, Error> {
         peer: from,
         detail: format!("malformed direct-read announcement ({} bytes)", m.len()),
     };
-    if m.len() != ANNOUNCEMENT || m[16] & !(ABLE | IN_ARENA) != 0 {
+    if m.len() != ANNOUNCEMENT || m[16] & !(ABLE | IN_ARENA | WITHOUT_OWN) != 0 {
         return Err(bad());
     }
     let word = |at: usize| u64::from_le_bytes(m[at..at + 8].try_into().unwrap_or_default());
@@ -70,6 +105,7 @@ fn parse(from: usize, m: &[u8]) -> Result<Announcement, Error> {
         exposure: Exposure {
             addr: word(0),
             in_arena: m[16] & IN_ARENA != 0,
+            without_own: m[16] & WITHOUT_OWN != 0,
         },
         len,
         able: m[16] & ABLE != 0,
@@ -91,8 +127,10 @@ pub(crate) fn peers(cx: &Ctx) -> impl Iterator<Item = usize> + use<> {
     (1..n).map(move |k| (me + k) % n)
 }
 
-/// Step 1 (see the [module docs](self)) for a buffer of `len` elements at `mine`.
-pub(crate) async fn announce(cx: &Ctx, mine: Exposure, len: usize) -> Announced {
+/// Step 1 (see the [module docs](self)) for a buffer of `len` elements of `elem` bytes (not
+/// zero) at `mine`.
+pub(crate) async fn announce(cx: &Ctx, mine: Exposure, len: usize, elem: usize) -> Announced {
+    let (elements, len) = (len, len * elem);
     let able = peers(cx).all(|q| cx.comm.can_read_memory_of(q));
     let said = announcement(Announcement {
         exposure: mine,
@@ -109,7 +147,7 @@ pub(crate) async fn announce(cx: &Ctx, mine: Exposure, len: usize) -> Announced 
     for (q, recv) in arriving {
         match recv.await.and_then(|m| parse(q, &m.into_data())) {
             Ok(theirs) if theirs.len != len => {
-                failure.get_or_insert(length_mismatch(q, len, theirs.len));
+                failure.get_or_insert(length_mismatch(q, elements, theirs.len / elem));
             }
             Ok(theirs) => {
                 addrs[q] = theirs.exposure;
@@ -154,26 +192,23 @@ pub(crate) async fn done(cx: &Ctx, failure: Option<Error>) -> Result<(), Error> 
 }
 
 /// Steps 1–3 for the algorithms whose reads are one block from each peer into `result`:
-/// exposes `len` elements at `addr`, reads block q of `result` from `addr_q + offset(q)` in
-/// rank q's memory, and says done. `None` if the ranks declined (nothing read, `result` as it
-/// was); otherwise whether this rank's part succeeded, after every peer is done with `addr`.
+/// exposes `mine` (of `len` elements), reads block q of `result` from `source(q, exposure_q)`
+/// in rank q's memory, and says done. `None` if the ranks declined (nothing read, `result` as
+/// it was); otherwise whether this rank's part succeeded, after every peer is done with
+/// `mine`.
 pub(crate) async fn read_blocks<T: Element>(
     cx: &Ctx,
-    addr: u64,
+    mine: Exposure,
     len: usize,
     result: &mut Filling<T>,
-    offset: impl Fn(usize) -> u64,
+    source: impl Fn(usize, &Exposure) -> u64,
 ) -> Option<Result<(), Error>> {
-    let mine = Exposure {
-        addr,
-        in_arena: false,
-    };
-    let Announced::Exposed(addrs) = announce(cx, mine, len).await else {
+    let Announced::Exposed(exposures) = announce(cx, mine, len, size_of::<T>()).await else {
         return None;
     };
-    let read = addrs.and_then(|addrs| {
+    let read = exposures.and_then(|exposures| {
         // A bogus announced address is for the kernel to refuse.
-        peers(cx).try_for_each(|q| result.read_block(cx, q, addrs[q].addr.wrapping_add(offset(q))))
+        peers(cx).try_for_each(|q| result.read_block(cx, q, source(q, &exposures[q])))
     });
     Some(done(cx, read.err()).await)
 }
@@ -184,25 +219,42 @@ mod tests {
 
     #[test]
     fn announcements_round_trip_and_bad_ones_are_protocol_errors() {
-        let said = |addr, in_arena, len, able| Announcement {
-            exposure: Exposure { addr, in_arena },
+        let said = |addr, in_arena, without_own, len, able| Announcement {
+            exposure: Exposure {
+                addr,
+                in_arena,
+                without_own,
+            },
             len,
             able,
         };
         for a in [
-            said(0xdead_beef, false, 12345, true),
-            said(8, false, 0, false),
-            said(4096, true, 7, true),
-            said(4096, true, 7, false),
+            said(0xdead_beef, false, false, 12345, true),
+            said(8, false, true, 0, false),
+            said(4096, true, false, 7, true),
+            said(4096, true, true, 7, false),
         ] {
             assert_eq!(parse(3, &announcement(a)).unwrap(), a);
         }
-        let a = announcement(said(1, false, 1, true));
-        for bad in [&a[..16], &[0u8; 18][..], &[4u8; 17][..]] {
+        let a = announcement(said(1, false, false, 1, true));
+        for bad in [&a[..16], &[0u8; 18][..], &[8u8; 17][..]] {
             match parse(3, bad) {
                 Err(Error::Protocol { peer: 3, .. }) => {}
                 other => panic!("{other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn a_readers_block_sits_one_place_earlier_after_an_exposer_without_its_own() {
+        let whole = Exposure::at(1000);
+        let without = Exposure {
+            without_own: true,
+            ..whole
+        };
+        // Rank 2 exposes blocks of 10 bytes; readers 0, 1, 3 and 4.
+        let at = |e: Exposure| [0, 1, 3, 4].map(|r| e.block_at(2, r, 10));
+        assert_eq!(at(whole), [1000, 1010, 1030, 1040]);
+        assert_eq!(at(without), [1000, 1010, 1020, 1030]);
     }
 }

@@ -19,6 +19,13 @@
 //! expect every rank to pass the same count; a rank that sees a count differ reports
 //! [`Error::InvalidArgument`].
 //!
+//! The typed collectives borrow their input for the call only, and copy what must outlive it.
+//! The bytes variants [`all_gather_bytes`](Collectives::all_gather_bytes) and
+//! [`all_to_all_bytes`](Collectives::all_to_all_bytes) take the input as a
+//! [`Payload`] (`Bytes`, `Vec<u8>`, ...) that the collective holds
+//! until the peers are done with it: processes of one host read it in place, as MPI libraries
+//! read a send buffer, and nothing is copied for them.
+//!
 //! # Algorithms
 //!
 //! Chosen by message and communicator size, with overrides in
@@ -68,6 +75,7 @@ pub use mcast::BcastStats;
 pub use op::{Op, ReduceOp, Reducible, UserOp};
 pub use started::CollectiveOp;
 
+use allgather::OwnBlock;
 use ctx::Ctx;
 
 /// Element types of the data collectives move.
@@ -155,12 +163,25 @@ pub trait Collectives {
     /// Collects every rank's `data` (the same count everywhere) at every rank, in rank order.
     fn all_gather<T: Element>(&self, data: &[T]) -> CollectiveOp<Vec<T>>;
 
+    /// [`all_gather`](Self::all_gather) of bytes, with `data` given to the collective rather
+    /// than lent for the call: ranks that can read each other's memory (processes of one host,
+    /// over shared memory) read it in place, and nothing is copied for them. Pass a clone of a
+    /// `Bytes` to keep a handle to it; the collective only reads it. The ranks may mix this
+    /// call and `all_gather` (of the same byte length) in one collective.
+    fn all_gather_bytes(&self, data: impl Payload) -> CollectiveOp<Vec<u8>>;
+
     /// Collects every rank's `data` (counts may differ) at every rank: one vector per rank.
     fn all_gatherv<T: Element>(&self, data: &[T]) -> CollectiveOp<Vec<Vec<T>>>;
 
     /// Splits `data` into `size` equal blocks, sends block `r` to rank `r`, and returns the
     /// blocks received, concatenated in rank order.
     fn all_to_all<T: Element>(&self, data: &[T]) -> CollectiveOp<Vec<T>>;
+
+    /// [`all_to_all`](Self::all_to_all) of bytes, with `data` given to the collective rather
+    /// than lent for the call: ranks that can read each other's memory read their blocks of
+    /// it in place (see [`all_gather_bytes`](Self::all_gather_bytes)). The ranks may mix this
+    /// call and `all_to_all` (of the same byte length) in one collective.
+    fn all_to_all_bytes(&self, data: impl Payload) -> CollectiveOp<Vec<u8>>;
 
     /// Sends `blocks[r]` to rank `r` (lengths may differ) and returns the block from each rank.
     /// `blocks` must hold exactly `size` blocks.
@@ -326,18 +347,12 @@ impl Collectives for Communicator {
     }
 
     fn all_gather<T: Element>(&self, data: &[T]) -> CollectiveOp<Vec<T>> {
-        let cx = Ctx::next(self);
-        if allgather::is_direct(&cx, size_of_val(data)) {
-            let result = allgather::result_with_own(&cx, data);
-            return start_in(cx, Ok(()), move |cx| allgather::direct(cx, result));
-        }
-        if cx.size == 2 && allgather::is_small(&cx, size_of_val(data)) {
-            return swap::swap(cx, data, data, data.len());
-        }
-        let (count, data) = (data.len(), ctx::to_bytes(data));
-        start_in(cx, Ok(()), move |cx| {
-            allgather::all_gather::<T>(cx, data, count)
-        })
+        all_gather_of(self, data, None)
+    }
+
+    fn all_gather_bytes(&self, data: impl Payload) -> CollectiveOp<Vec<u8>> {
+        let data = data.into_bytes();
+        all_gather_of(self, &data.clone(), Some(data))
     }
 
     fn all_gatherv<T: Element>(&self, data: &[T]) -> CollectiveOp<Vec<Vec<T>>> {
@@ -348,38 +363,12 @@ impl Collectives for Communicator {
     }
 
     fn all_to_all<T: Element>(&self, data: &[T]) -> CollectiveOp<Vec<T>> {
-        let n = self.size();
-        let check = if data.len() % n == 0 {
-            Ok(())
-        } else {
-            Err(Error::InvalidArgument(format!(
-                "all_to_all: {} elements do not split into {n} equal blocks",
-                data.len()
-            )))
-        };
-        let cx = Ctx::next(self);
-        let count = data.len() / n;
-        if check.is_ok() && alltoall::is_direct(&cx, count * size_of::<T>()) {
-            let result = alltoall::direct_result(&cx, data);
-            let input = alltoall::DirectInput::new(&cx, data);
-            return start_in(cx, check, move |cx| alltoall::direct(cx, input, result));
-        }
-        if check.is_ok()
-            && n == 2
-            && alltoall::choose(&cx, count * size_of::<T>()) == AlltoallAlgorithm::Bruck
-        {
-            // Block r of `data` is for rank r.
-            let (to_0, to_1) = data.split_at(count);
-            return if cx.rank == 0 {
-                swap::swap(cx, to_0, to_1, count)
-            } else {
-                swap::swap(cx, to_1, to_0, count)
-            };
-        }
-        let (count, data) = (data.len(), ctx::to_bytes(data));
-        start_in(cx, check, move |cx| {
-            alltoall::all_to_all::<T>(cx, data, count)
-        })
+        all_to_all_of(self, data, None)
+    }
+
+    fn all_to_all_bytes(&self, data: impl Payload) -> CollectiveOp<Vec<u8>> {
+        let data = data.into_bytes();
+        all_to_all_of(self, &data.clone(), Some(data))
     }
 
     fn all_to_allv<T: Element>(&self, blocks: Vec<Vec<T>>) -> CollectiveOp<Vec<Vec<T>>> {
@@ -433,4 +422,72 @@ impl Collectives for Communicator {
         let data = byte_copy::vec_from(data);
         start(self, check, move |cx| scan::exclusive(cx, data, op))
     }
+}
+
+/// `all_gather` of `data`; `shared` holds the same bytes when the caller gave them to the
+/// collective (`all_gather_bytes`), so that peers may read them in place.
+fn all_gather_of<T: Element>(
+    comm: &Communicator,
+    data: &[T],
+    shared: Option<Bytes>,
+) -> CollectiveOp<Vec<T>> {
+    let cx = Ctx::next(comm);
+    if allgather::is_direct(&cx, size_of_val(data)) {
+        let result = allgather::result_with_own(&cx, data);
+        let own = shared.map_or(OwnBlock::InResult, OwnBlock::Shared);
+        return start_in(cx, Ok(()), move |cx| allgather::direct(cx, result, own));
+    }
+    if cx.size == 2 && allgather::is_small(&cx, size_of_val(data)) {
+        return swap::swap(cx, data, data, data.len());
+    }
+    let count = data.len();
+    let data = shared.unwrap_or_else(|| ctx::to_bytes(data));
+    start_in(cx, Ok(()), move |cx| {
+        allgather::all_gather::<T>(cx, data, count)
+    })
+}
+
+/// `all_to_all` of `data`; `shared` holds the same bytes when the caller gave them to the
+/// collective (`all_to_all_bytes`), so that peers may read their blocks in place.
+fn all_to_all_of<T: Element>(
+    comm: &Communicator,
+    data: &[T],
+    shared: Option<Bytes>,
+) -> CollectiveOp<Vec<T>> {
+    let n = comm.size();
+    let check = if data.len() % n == 0 {
+        Ok(())
+    } else {
+        Err(Error::InvalidArgument(format!(
+            "all_to_all: {} elements do not split into {n} equal blocks",
+            data.len()
+        )))
+    };
+    let cx = Ctx::next(comm);
+    let count = data.len() / n;
+    if check.is_ok() && alltoall::is_direct(&cx, count * size_of::<T>()) {
+        let result = alltoall::direct_result(&cx, data);
+        let input = match shared {
+            Some(bytes) => alltoall::DirectInput::Whole(bytes),
+            None => alltoall::DirectInput::new(&cx, data),
+        };
+        return start_in(cx, check, move |cx| alltoall::direct(cx, input, result));
+    }
+    if check.is_ok()
+        && n == 2
+        && alltoall::choose(&cx, count * size_of::<T>()) == AlltoallAlgorithm::Bruck
+    {
+        // Block r of `data` is for rank r.
+        let (to_0, to_1) = data.split_at(count);
+        return if cx.rank == 0 {
+            swap::swap(cx, to_0, to_1, count)
+        } else {
+            swap::swap(cx, to_1, to_0, count)
+        };
+    }
+    let count = data.len();
+    let data = shared.unwrap_or_else(|| ctx::to_bytes(data));
+    start_in(cx, check, move |cx| {
+        alltoall::all_to_all::<T>(cx, data, count)
+    })
 }

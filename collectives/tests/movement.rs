@@ -8,11 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use rankweave_collectives::{Collectives, Element};
+use rankweave_collectives::{CollectiveOp, Collectives, Element};
 use rankweave_core::tuning::{
     AllgatherAlgorithm, AlltoallAlgorithm, BcastAlgorithm, CollectiveTuning,
 };
-use rankweave_core::{Config, Error};
+use rankweave_core::{Communicator, Config, Error};
 
 mod common;
 use common::{job_with as job, job_within};
@@ -472,6 +472,25 @@ async fn rooted_collectives_reject_an_invalid_root() {
 // ---------------------------------------------------------------------------------------------
 // Allgather
 
+/// The bytes variant of a collective on `data` (`bytes`, given the data as `Bytes`), twice:
+/// on every rank, then on odd ranks only while even ones call the typed variant (`typed`) in
+/// the same collective. Both results as bytes.
+async fn bytes_variants<T: Sample>(
+    comm: &Communicator,
+    data: &[T],
+    typed: impl Fn(&Communicator, &[T]) -> CollectiveOp<Vec<T>>,
+    bytes: impl Fn(&Communicator, Bytes) -> CollectiveOp<Vec<u8>>,
+) -> Result<[Vec<u8>; 2], Error> {
+    let given = Bytes::copy_from_slice(bytemuck::cast_slice(data));
+    let alone = bytes(comm, given.clone()).await?;
+    let mixed = if comm.rank() % 2 == 0 {
+        bytemuck::cast_slice(&typed(comm, data).await?).to_vec()
+    } else {
+        bytes(comm, given).await?
+    };
+    Ok([alone, mixed])
+}
+
 async fn check_allgathers<T: Sample>(n: usize, config: &Config, counts: &[usize]) {
     let counts = Arc::new(counts.to_vec());
     let shared = Arc::clone(&counts);
@@ -480,19 +499,29 @@ async fn check_allgathers<T: Sample>(n: usize, config: &Config, counts: &[usize]
         async move {
             let me = comm.rank();
             let mut plain = Vec::new();
+            let mut raw = Vec::new();
             let mut varied = Vec::new();
             for (case, &count) in counts.iter().enumerate() {
                 let data: Vec<T> = values(count, seed(case, me, 0));
                 plain.push(comm.all_gather(&data).await?);
+                raw.push(
+                    bytes_variants(
+                        &comm,
+                        &data,
+                        |c, d| c.all_gather(d),
+                        |c, b| c.all_gather_bytes(b),
+                    )
+                    .await?,
+                );
                 let data: Vec<T> = values(v_count(case, me, 0), seed(case, me, 1));
                 varied.push(comm.all_gatherv(&data).await?);
             }
-            Ok::<_, Error>((plain, varied))
+            Ok::<_, Error>((plain, raw, varied))
         }
     })
     .await;
     for (rank, got) in got.into_iter().enumerate() {
-        let (plain, varied) = got.unwrap_or_else(|e| panic!("n={n} rank={rank}: {e}"));
+        let (plain, raw, varied) = got.unwrap_or_else(|e| panic!("n={n} rank={rank}: {e}"));
         for (case, &count) in counts.iter().enumerate() {
             let want: Vec<T> = (0..n)
                 .flat_map(|r| values::<T>(count, seed(case, r, 0)))
@@ -500,6 +529,12 @@ async fn check_allgathers<T: Sample>(n: usize, config: &Config, counts: &[usize]
             assert_eq!(
                 plain[case], want,
                 "all_gather n={n} count={count} rank={rank}"
+            );
+            let want_bytes: &[u8] = bytemuck::cast_slice(&want);
+            assert_eq!(
+                raw[case],
+                [want_bytes, want_bytes],
+                "all_gather_bytes, alone and mixed, n={n} count={count} rank={rank}"
             );
             let want: Vec<Vec<T>> = (0..n)
                 .map(|r| values(v_count(case, r, 0), seed(case, r, 1)))
@@ -590,23 +625,33 @@ async fn check_alltoalls<T: Sample>(n: usize, config: &Config, counts: &[usize])
         async move {
             let (me, n) = (comm.rank(), comm.size());
             let mut plain = Vec::new();
+            let mut raw = Vec::new();
             let mut varied = Vec::new();
             for (case, &count) in counts.iter().enumerate() {
                 let data: Vec<T> = (0..n)
                     .flat_map(|to| values::<T>(count, seed(case, me, to)))
                     .collect();
                 plain.push(comm.all_to_all(&data).await?);
+                raw.push(
+                    bytes_variants(
+                        &comm,
+                        &data,
+                        |c, d| c.all_to_all(d),
+                        |c, b| c.all_to_all_bytes(b),
+                    )
+                    .await?,
+                );
                 let blocks: Vec<Vec<T>> = (0..n)
                     .map(|to| values(v_len(case, me, to), seed(case, me, to)))
                     .collect();
                 varied.push(comm.all_to_allv(blocks).await?);
             }
-            Ok::<_, Error>((plain, varied))
+            Ok::<_, Error>((plain, raw, varied))
         }
     })
     .await;
     for (rank, got) in got.into_iter().enumerate() {
-        let (plain, varied) = got.unwrap_or_else(|e| panic!("n={n} rank={rank}: {e}"));
+        let (plain, raw, varied) = got.unwrap_or_else(|e| panic!("n={n} rank={rank}: {e}"));
         for (case, &count) in counts.iter().enumerate() {
             let want: Vec<T> = (0..n)
                 .flat_map(|from| values::<T>(count, seed(case, from, rank)))
@@ -614,6 +659,12 @@ async fn check_alltoalls<T: Sample>(n: usize, config: &Config, counts: &[usize])
             assert_eq!(
                 plain[case], want,
                 "all_to_all n={n} count={count} rank={rank}"
+            );
+            let want_bytes: &[u8] = bytemuck::cast_slice(&want);
+            assert_eq!(
+                raw[case],
+                [want_bytes, want_bytes],
+                "all_to_all_bytes, alone and mixed, n={n} count={count} rank={rank}"
             );
             let want: Vec<Vec<T>> = (0..n)
                 .map(|from| values(v_len(case, from, rank), seed(case, from, rank)))

@@ -117,7 +117,7 @@ pub(crate) async fn direct<T: Element>(
     let peers = || exposure::peers(&cx);
 
     // 1. Announce.
-    let sources: Vec<Source> = match exposure::announce(&cx, input.exposure(), len).await {
+    let sources: Vec<Source> = match exposure::announce(&cx, input.exposure(), len, elem).await {
         Announced::Declined => return Ok(Outcome::Declined(input)),
         Announced::Exposed(Ok(exposed)) => (0..n).map(|q| Source::of(&cx, q, exposed[q])).collect(),
         Announced::Exposed(Err(e)) => {

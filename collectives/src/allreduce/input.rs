@@ -62,13 +62,10 @@ impl<T: Element> Input<T> {
     /// Where the vector is, for the peers.
     pub(crate) fn exposure(&self) -> Exposure {
         match self {
-            Input::Owned(v) => Exposure {
-                addr: v.as_ptr() as u64,
-                in_arena: false,
-            },
+            Input::Owned(v) => Exposure::at(v.as_ptr() as u64),
             Input::Arena { lease, .. } => Exposure {
-                addr: lease.addr(),
                 in_arena: true,
+                ..Exposure::at(lease.addr())
             },
         }
     }

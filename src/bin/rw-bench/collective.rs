@@ -214,26 +214,29 @@ pub async fn allreduce(comm: &Communicator, opts: &Options, out: &mut Reporter) 
     .await
 }
 
-/// osu_allgather: every rank contributes `size` bytes and receives `size` from each rank.
+/// osu_allgather: every rank contributes `size` bytes and receives `size` from each rank. The
+/// send buffer goes as `Bytes` (`all_gather_bytes`), which peers on shared memory read in
+/// place, as MPI libraries read `MPI_Allgather`'s send buffer.
 pub async fn allgather(comm: &Communicator, opts: &Options, out: &mut Reporter) -> Result<()> {
     let mut send = SendBuffer::default();
     timed_sizes(comm, opts, out, |size| {
         let data = send.of(size);
         async move {
-            let got = comm.all_gather(&data[..]).await?;
+            let got = comm.all_gather_bytes(data).await?;
             check_len("allgather", comm, got.len(), size * comm.size())
         }
     })
     .await
 }
 
-/// osu_alltoall: every rank sends `size` bytes to each rank and receives `size` from each.
+/// osu_alltoall: every rank sends `size` bytes to each rank and receives `size` from each
+/// (the send buffer as `Bytes`, `all_to_all_bytes`, as for [`allgather`]).
 pub async fn alltoall(comm: &Communicator, opts: &Options, out: &mut Reporter) -> Result<()> {
     let mut send = SendBuffer::default();
     timed_sizes(comm, opts, out, |size| {
         let data = send.of(size * comm.size());
         async move {
-            let got = comm.all_to_all(&data[..]).await?;
+            let got = comm.all_to_all_bytes(data).await?;
             check_len("alltoall", comm, got.len(), size * comm.size())
         }
     })
