@@ -17,7 +17,7 @@
 //! | `RANKWEAVE_ALLGATHER_LARGE` | bytes (total gathered) | 512 KiB: ring from here |
 //! | `RANKWEAVE_ALLGATHER_DIRECT` | bytes (per rank) | 64 KiB: `all_gather` reads its peers' blocks directly from here, where every rank is local and may (`0`: never) |
 //! | `RANKWEAVE_ALLTOALL_LARGE` | bytes (per destination) | 256 B: pairwise exchange from here |
-//! | `RANKWEAVE_ALLTOALL_DIRECT` | bytes (per destination) | 64 KiB: `all_to_all` reads its blocks directly from the other ranks' inputs from here, where every rank is local and may (`0`: never) |
+//! | `RANKWEAVE_ALLTOALL_DIRECT` | bytes (per destination) | 32 KiB: `all_to_all` reads its blocks directly from the other ranks' inputs from here, where every rank is local and may (`0`: never) |
 //! | `RANKWEAVE_SEGMENT` | bytes | 128 KiB: pipeline segment of the chain broadcast |
 
 use crate::config::{parse_number, parse_size};
@@ -188,7 +188,7 @@ impl Default for CollectiveTuning {
             allgather_large: 512 * 1024,
             allgather_direct: 64 * 1024,
             alltoall_large: 256,
-            alltoall_direct: 64 * 1024,
+            alltoall_direct: 32 * 1024,
             segment: 128 * 1024,
         }
     }
@@ -376,7 +376,7 @@ mod tests {
         .unwrap();
         assert_eq!(t.alltoall, Some(AlltoallAlgorithm::Direct));
         assert_eq!(t.alltoall_direct, 0);
-        assert_eq!(CollectiveTuning::default().alltoall_direct, 64 * 1024);
+        assert_eq!(CollectiveTuning::default().alltoall_direct, 32 * 1024);
     }
 
     #[test]

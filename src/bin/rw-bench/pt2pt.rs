@@ -29,12 +29,22 @@ fn payload(size: usize) -> Bytes {
     send_buffer(size, b'a')
 }
 
-/// A send buffer of `len` bytes of `fill`. OSU programs send from buffers that live as long as
-/// the program; so do these (leaked): their `Bytes` clone and drop without the atomic
-/// reference count of a shared buffer, which costs more than the rest of a small send's
-/// bookkeeping. Made once per size, so the leak is bounded by the sum of the sizes run.
+/// A send buffer of `len` bytes of `fill`, starting on a page boundary. OSU programs send from
+/// page-aligned buffers (`posix_memalign` to the page size) that live as long as the program;
+/// so do these (leaked): their `Bytes` clone and drop without the atomic reference count of a
+/// shared buffer, which costs more than the rest of a small send's bookkeeping. Made once per
+/// size, so the leak is bounded by the sum of the sizes run (and a page each).
 pub(crate) fn send_buffer(len: usize, fill: u8) -> Bytes {
-    Bytes::from_static(Vec::leak(vec![fill; len]))
+    Bytes::from_static(page_aligned(len, fill))
+}
+
+/// `len` bytes of `fill` starting on a page boundary, for the rest of the program (as
+/// [`send_buffer`]: a leak bounded by the sizes run).
+fn page_aligned(len: usize, fill: u8) -> &'static mut [u8] {
+    const PAGE: usize = 4096;
+    let whole = Vec::leak(vec![fill; len + PAGE]);
+    let skip = whole.as_ptr().align_offset(PAGE).min(PAGE);
+    &mut whole[skip..skip + len]
 }
 
 fn check_len(msg: &Message, expected: usize, what: &str) -> Result<()> {
@@ -63,7 +73,8 @@ pub async fn latency(comm: &Communicator, opts: &Options, out: &mut Reporter) ->
     for size in opts.sizes() {
         let (iters, skip) = opts.loops(size);
         let buf = payload(size);
-        let mut rbuf = vec![0u8; size];
+        // Page-aligned, as OSU's receive buffer.
+        let rbuf = page_aligned(size, 0);
         comm.barrier().await?;
         let mut total = Duration::ZERO;
         match me {
@@ -71,7 +82,7 @@ pub async fn latency(comm: &Communicator, opts: &Options, out: &mut Reporter) ->
                 for i in 0..iters + skip {
                     let t = Instant::now();
                     comm.send(1, TAG_LATENCY, buf.clone()).await?;
-                    let pong = comm.recv_into(1, TAG_LATENCY, &mut rbuf).await?;
+                    let pong = comm.recv_into(1, TAG_LATENCY, rbuf).await?;
                     if i >= skip {
                         total += t.elapsed();
                     }
@@ -80,7 +91,7 @@ pub async fn latency(comm: &Communicator, opts: &Options, out: &mut Reporter) ->
             }
             1 => {
                 for _ in 0..iters + skip {
-                    let ping = comm.recv_into(0, TAG_LATENCY, &mut rbuf).await?;
+                    let ping = comm.recv_into(0, TAG_LATENCY, rbuf).await?;
                     check_status(&ping, size, "latency")?;
                     comm.send(0, TAG_LATENCY, buf.clone()).await?;
                 }

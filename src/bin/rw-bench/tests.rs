@@ -479,3 +479,13 @@ fn exit_codes() {
     assert_eq!(BenchError::Verify("x".into()).exit_code(), 1);
     assert_eq!(BenchError::Comm(rankweave::Error::Shutdown).exit_code(), 1);
 }
+
+#[test]
+fn send_buffers_start_on_a_page_as_osus_do() {
+    for len in [0, 1, 4095, 65536] {
+        let b = crate::pt2pt::send_buffer(len, b'a');
+        assert_eq!(b.len(), len);
+        assert_eq!(b.as_ptr() as usize % 4096, 0, "{len} bytes");
+        assert!(b.iter().all(|&x| x == b'a'));
+    }
+}

@@ -1008,7 +1008,7 @@ async fn a_receive_into_a_buffer_gets_its_message_from_the_ring() {
 /// an eager one past the inline limit, and a rendezvous one's data once its request to send
 /// was matched (the copy shared with the sender from 64 KiB) — waiting first or already
 /// announced, with no buffer of the transport's and no second copy. A buffer lying where the kernel's copy would crawl
-/// (1–63 bytes past the source modulo a page) is read lined up and copied, as a `recv` is; a
+/// (1–63 bytes past the source modulo a page, on AMD) is read lined up and copied, as a `recv` is; a
 /// message longer than the buffer is refused and kept. (On one thread, so the progress task
 /// does not take the messages in before the receive looks.)
 #[tokio::test]
@@ -1095,7 +1095,13 @@ async fn a_large_message_received_into_a_buffer_is_read_straight_there() {
             assert_eq!(received(recv, send), len);
         }
         assert!(room[slow] == data[..], "{len} B, lined up elsewhere");
-        assert_eq!(direct(), before + 2, "not read into a crawling destination");
+        // Only a processor whose copy crawls there (AMD's) needs the detour.
+        let straight = u64::from(!rankweave_core::byte_copy::rep_movsb_has_trap());
+        assert_eq!(
+            direct(),
+            before + 2 + straight,
+            "not read into a crawling destination"
+        );
         // Too long for the buffer: refused, and still there.
         let send = comms[0].send(1, 7, data.clone());
         assert!(matches!(
