@@ -592,19 +592,49 @@ async fn all_gather_of_large_blocks() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn all_gather_with_differing_counts_fails_everywhere() {
     for config in &allgather_configs() {
-        for n in [2, 3, 4, 5, 8] {
-            let got = job_within(n, config, Duration::from_secs(10), |comm| {
-                let count = if comm.rank() == 1 { 5 } else { 4 };
-                async move { comm.all_gather(&vec![1u32; count]).await }
+        for (n, calls) in [2, 3, 4, 5, 8]
+            .into_iter()
+            .flat_map(|n| CALLS.map(|c| (n, c)))
+        {
+            let got = job_within(n, config, Duration::from_secs(10), move |comm| {
+                let data = vec![1u32; if comm.rank() == 1 { 5 } else { 4 }];
+                async move {
+                    if calls.bytes_on(comm.rank()) {
+                        let bytes = bytemuck::cast_slice::<u32, u8>(&data).to_vec();
+                        comm.all_gather_bytes(bytes).await.map(drop)
+                    } else {
+                        comm.all_gather(&data).await.map(drop)
+                    }
+                }
             })
             .await;
             for (rank, g) in got.into_iter().enumerate() {
                 assert!(
                     matches!(g, Err(Error::InvalidArgument(_))),
-                    "n={n} rank={rank} {:?}: {g:?}",
+                    "n={n} rank={rank} {calls:?} {:?}: {g:?}",
                     config.collectives.allgather
                 );
             }
+        }
+    }
+}
+
+/// Which ranks make the bytes call of a collective, the others the typed one.
+#[derive(Clone, Copy, Debug)]
+enum Calls {
+    Typed,
+    Bytes,
+    Mixed,
+}
+
+const CALLS: [Calls; 3] = [Calls::Typed, Calls::Bytes, Calls::Mixed];
+
+impl Calls {
+    fn bytes_on(self, rank: usize) -> bool {
+        match self {
+            Calls::Typed => false,
+            Calls::Bytes => true,
+            Calls::Mixed => rank % 2 == 1,
         }
     }
 }
@@ -715,17 +745,27 @@ async fn all_to_all_of_large_blocks() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn all_to_all_with_differing_counts_fails_everywhere() {
     for config in &alltoall_configs() {
-        for n in [2, 3, 4, 5, 8] {
-            let got = job_within(n, config, Duration::from_secs(10), |comm| {
+        for (n, calls) in [2, 3, 4, 5, 8]
+            .into_iter()
+            .flat_map(|n| CALLS.map(|c| (n, c)))
+        {
+            let got = job_within(n, config, Duration::from_secs(10), move |comm| {
                 let per_block = if comm.rank() == 1 { 2 } else { 1 };
-                let n = comm.size();
-                async move { comm.all_to_all(&vec![1u32; per_block * n]).await }
+                let data = vec![1u32; per_block * comm.size()];
+                async move {
+                    if calls.bytes_on(comm.rank()) {
+                        let bytes = bytemuck::cast_slice::<u32, u8>(&data).to_vec();
+                        comm.all_to_all_bytes(bytes).await.map(drop)
+                    } else {
+                        comm.all_to_all(&data).await.map(drop)
+                    }
+                }
             })
             .await;
             for (rank, g) in got.into_iter().enumerate() {
                 assert!(
                     matches!(g, Err(Error::InvalidArgument(_))),
-                    "n={n} rank={rank} {:?}: {g:?}",
+                    "n={n} rank={rank} {calls:?} {:?}: {g:?}",
                     config.collectives.alltoall
                 );
             }
