@@ -9,6 +9,8 @@
 //! - **Pairwise exchange** (large blocks): n − 1 steps, in step s a rank sends its block to
 //!   rank + s and receives from rank − s (with a power-of-two n, both with rank XOR s, so pairs
 //!   swap). Every block travels once, one partner at a time.
+//! - **Linear** (few ranks): every block sent and every receive posted at once
+//!   ([`linear_at_once`]).
 //!
 //! - **Direct reads** (`all_to_all`, ranks that can read each other's memory: one host, shared
 //!   memory): at the call each rank copies its blocks for the others into a pooled buffer (the
@@ -23,8 +25,8 @@
 //!   clean cache lines (twice as fast at 64 KiB here as the fresh copy).
 //!
 //! `all_to_all` uses the `alltoall` override if set, else direct reads from `alltoall_direct`
-//! bytes per block where every rank can make them, else pairwise from `alltoall_large` bytes
-//! per block, else Bruck. `all_to_allv` (lengths differ, so ranks could not agree on a
+//! bytes per block where every rank can make them, else linear on 3 to `flat_max` ranks, else
+//! pairwise from `alltoall_large` bytes per block, else Bruck. `all_to_allv` (lengths differ, so ranks could not agree on a
 //! size-based choice) uses the override if set, else pairwise. Both move blocks whatever their
 //! lengths, so a rank passing a different count to `all_to_all` cannot stall the others: every
 //! rank finishes and the ranks that got a wrong-sized block report it.
@@ -34,11 +36,11 @@ use rankweave_core::Error;
 use rankweave_core::buffer_pool::BufferPool;
 use rankweave_core::tuning::AlltoallAlgorithm;
 
-use crate::Element;
 use crate::ctx::{Ctx, encode_blocks, to_bytes, to_vec};
 use crate::ctx::{await_all, concat_equal_blocks, decode_expected_blocks, powers_of_two_below};
 use crate::exposure::{self, Exposure};
 use crate::filling::Filling;
+use crate::{CollectiveOp, Element};
 
 pub(crate) async fn all_to_all<T: Element>(
     cx: Ctx,
@@ -71,17 +73,57 @@ pub(crate) fn is_direct(cx: &Ctx, block_bytes: usize) -> bool {
 }
 
 /// The algorithm that sends the blocks in messages, for `all_to_all` with blocks of
-/// `block_bytes`.
+/// `block_bytes`: linear on 3 to `flat_max` ranks, else pairwise from `alltoall_large` and
+/// Bruck below.
 pub(crate) fn choose(cx: &Ctx, block_bytes: usize) -> AlltoallAlgorithm {
     let tuning = &cx.comm.config().collectives;
+    let automatic = if (3..=tuning.flat_max).contains(&cx.size) {
+        AlltoallAlgorithm::Linear
+    } else if block_bytes >= tuning.alltoall_large {
+        AlltoallAlgorithm::Pairwise
+    } else {
+        AlltoallAlgorithm::Bruck
+    };
     tuning
         .alltoall
         .filter(|&a| a != AlltoallAlgorithm::Direct)
-        .unwrap_or(if block_bytes >= tuning.alltoall_large {
-            AlltoallAlgorithm::Pairwise
-        } else {
-            AlltoallAlgorithm::Bruck
-        })
+        .unwrap_or(automatic)
+}
+
+/// `all_to_all` of `count` elements per block by [`AlltoallAlgorithm::Linear`], started at the
+/// call: every block goes out and every receive is posted there. What is left — receiving —
+/// runs where the future is polled, as a barrier leaf's wait does, once the sends are out (a
+/// small block's at once): nothing the other ranks wait for is left to this rank then, and a
+/// task would cost a hand-off per call. A send still pending needs the task.
+pub(crate) fn linear_at_once<T: Element>(
+    cx: Ctx,
+    bytes: Bytes,
+    count: usize,
+) -> CollectiveOp<Vec<T>> {
+    let (n, me) = (cx.size, cx.rank);
+    let block_bytes = count * size_of::<T>();
+    let block = |r: usize| bytes.slice(r * block_bytes..(r + 1) * block_bytes);
+    let receives: Vec<_> = exposure::peers(&cx)
+        .map(|q| (q, cx.comm.collective_recv(q, cx.tag)))
+        .collect();
+    let mut sends: Vec<_> = exposure::peers(&cx).map(|q| cx.send(q, block(q))).collect();
+    sends.retain(|s| !s.is_complete());
+    let all_out = sends.is_empty();
+    let own = block(me);
+    let rest = async move {
+        let mut received = vec![Bytes::new(); n];
+        received[me] = own;
+        for (q, receive) in receives {
+            received[q] = receive.await?.into_data();
+        }
+        await_all(sends).await?;
+        concat_equal_blocks(&received, count)
+    };
+    if all_out {
+        CollectiveOp::here(me, rest)
+    } else {
+        CollectiveOp::start(me, rest)
+    }
 }
 
 pub(crate) async fn all_to_allv<T: Element>(
@@ -115,9 +157,30 @@ async fn exchange(
     }
     match algorithm {
         AlltoallAlgorithm::Bruck => bruck(cx, blocks).await,
+        AlltoallAlgorithm::Linear => linear(cx, blocks).await,
         // Not a message algorithm: `choose` and `all_to_allv` never pass it.
         AlltoallAlgorithm::Pairwise | AlltoallAlgorithm::Direct => pairwise(cx, blocks).await,
     }
+}
+
+/// Every receive posted and every block sent at once, then all awaited: no round waits for
+/// another (see [`AlltoallAlgorithm::Linear`]). The peers in the order after this rank, so
+/// that not every rank sends to rank 0 first.
+async fn linear(cx: &Ctx, blocks: Vec<Bytes>) -> Result<Vec<Bytes>, Error> {
+    let me = cx.rank;
+    let receives: Vec<_> = exposure::peers(cx)
+        .map(|q| (q, cx.comm.collective_recv(q, cx.tag)))
+        .collect();
+    let sends: Vec<_> = exposure::peers(cx)
+        .map(|q| cx.send(q, blocks[q].clone()))
+        .collect();
+    let mut received = vec![Bytes::new(); cx.size];
+    received[me] = blocks[me].clone();
+    for (q, receive) in receives {
+        received[q] = receive.await?.into_data();
+    }
+    await_all(sends).await?;
+    Ok(received)
 }
 
 /// The result of an `all_to_all` by [`direct`] reads, from the caller's `data` (`size` blocks

@@ -39,7 +39,7 @@
 //! | all_reduce | recursive doubling (small), Rabenseifner (large), ring |
 //! | gather(v), scatter(v) | binomial tree |
 //! | all_gather(v) | recursive doubling or Bruck (small), ring (large) |
-//! | all_to_all(v) | Bruck (small), pairwise exchange (large) |
+//! | all_to_all(v) | linear (3 to `flat_max` ranks), Bruck (small), pairwise exchange (large) |
 //! | reduce_scatter | recursive halving (commutative), reduce + scatter (otherwise) |
 //! | scan, exscan | recursive doubling (order-preserving) |
 
@@ -485,9 +485,12 @@ fn all_to_all_of<T: Element>(
             swap::swap(cx, to_1, to_0, count)
         };
     }
-    let count = data.len();
+    let len = data.len();
     let data = shared.unwrap_or_else(|| ctx::to_bytes(data));
+    if check.is_ok() && alltoall::choose(&cx, count * size_of::<T>()) == AlltoallAlgorithm::Linear {
+        return alltoall::linear_at_once(cx, data, count);
+    }
     start_in(cx, check, move |cx| {
-        alltoall::all_to_all::<T>(cx, data, count)
+        alltoall::all_to_all::<T>(cx, data, len)
     })
 }

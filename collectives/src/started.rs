@@ -22,7 +22,7 @@
 //!
 //! Dropping the future does not cancel the collective: the other ranks depend on this one's part,
 //! so it runs to completion (like a dropped send). A receiving one dropped early still takes its
-//! message, in a task.
+//! message, and one running where polled runs on, in a task.
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -33,6 +33,16 @@ use rankweave_core::{Error, ExchangeRecv, Message, RecvOp, SendOp};
 use tokio::task::JoinHandle;
 
 type BoxedRun<T> = Pin<Box<dyn Future<Output = Result<T, Error>> + Send + 'static>>;
+
+/// Runs a dropped [`State::Inline`] collective to its end as a task ([`detach`], kept beside
+/// it: `Drop` cannot ask for the bounds a task needs).
+type Detach<T> = fn(BoxedRun<T>, &tokio::runtime::Handle);
+
+fn detach<T: Send + 'static>(run: BoxedRun<T>, handle: &tokio::runtime::Handle) {
+    drop(handle.spawn(async move {
+        let _ = run.await;
+    }));
+}
 
 /// The rest of a [`receiving`](CollectiveOp::receiving) collective: its last send if it did
 /// not go out at once, its message, and `finish`, which makes the result of the message. Boxed
@@ -100,9 +110,10 @@ pub struct CollectiveOp<T> {
 enum State<T> {
     /// Running as a task of the runtime.
     Spawned(JoinHandle<Result<T, Error>>),
-    /// No runtime at the call (an executor other than tokio): after its first look it runs
-    /// when this future is polled.
-    Inline(BoxedRun<T>),
+    /// Running where this future is polled, after its first look: with no runtime at the call
+    /// (an executor other than tokio), or built [`here`](CollectiveOp::here). Dropped, it runs
+    /// on as a task where there is a runtime.
+    Inline(BoxedRun<T>, Detach<T>),
     /// Waiting for one message (and for its last send, if that did not go out at once), then
     /// finishing with the message where polled (see the [module docs](self)).
     Receiving(Box<dyn Awaiting<T>>),
@@ -120,7 +131,7 @@ impl<T: Send + 'static> CollectiveOp<T> {
             match tokio::runtime::Handle::try_current() {
                 Ok(handle) => State::Spawned(handle.spawn(run)),
                 // No tokio runtime (another executor): it runs when the future is polled.
-                Err(_) => State::Inline(run),
+                Err(_) => State::Inline(run, detach::<T>),
             }
         })
     }
@@ -132,7 +143,7 @@ impl<T: Send + 'static> CollectiveOp<T> {
         rank: usize,
         run: impl Future<Output = Result<T, Error>> + Send + 'static,
     ) -> Self {
-        Self::first_look(rank, Box::pin(run), State::Inline)
+        Self::first_look(rank, Box::pin(run), |run| State::Inline(run, detach::<T>))
     }
 
     /// One look first: a collective whose inputs are already here (a late rank's barrier, a
@@ -164,7 +175,7 @@ impl<T: Send + 'static> CollectiveOp<T> {
         let run: BoxedRun<T> = Box::pin(run);
         let state = match tokio::runtime::Handle::try_current() {
             Ok(handle) => State::Spawned(handle.spawn(run)),
-            Err(_) => State::Inline(run),
+            Err(_) => State::Inline(run, detach::<T>),
         };
         CollectiveOp { state, rank }
     }
@@ -302,7 +313,7 @@ impl<T> Future for CollectiveOp<T> {
                 }),
                 Err(_) => Err(Error::Shutdown),
             }),
-            State::Inline(run) => run.as_mut().poll(cx),
+            State::Inline(run, _) => run.as_mut().poll(cx),
             State::Ready(r) => Poll::Ready(r.take().unwrap_or(Err(Error::Shutdown))),
             State::Receiving(rest) => {
                 let message = match rest.poll_message(cx) {
@@ -321,20 +332,27 @@ impl<T> Future for CollectiveOp<T> {
 
 impl<T> Drop for CollectiveOp<T> {
     fn drop(&mut self) {
-        // Its message still comes: a task takes it (without a runtime the receive is withdrawn
-        // and the message stays unclaimed, as with any future of another executor).
-        if !matches!(self.state, State::Receiving(_)) {
+        // Its messages still come: a task takes them (without a runtime the receives are
+        // withdrawn and the messages stay unclaimed, as with any future of another executor).
+        if !matches!(self.state, State::Receiving(_) | State::Inline(..)) {
             return;
         }
-        if let State::Receiving(rest) = std::mem::replace(&mut self.state, State::Ready(None))
-            && let Some(recv) = rest.into_recv()
-        {
-            // (A pending send goes on by itself when its future is dropped.)
-            if let Ok(handle) = tokio::runtime::Handle::try_current() {
-                drop(handle.spawn(async move {
-                    let _ = recv.await;
-                }));
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        match std::mem::replace(&mut self.state, State::Ready(None)) {
+            State::Receiving(rest) => {
+                // (A pending send goes on by itself when its future is dropped.)
+                if let Some(recv) = rest.into_recv() {
+                    drop(handle.spawn(async move {
+                        let _ = recv.await;
+                    }));
+                }
             }
+            // What was left to run where polled (a linear all-to-all's receives, a barrier's
+            // wait) runs to its end.
+            State::Inline(run, detach) => detach(run, &handle),
+            _ => {}
         }
     }
 }
@@ -343,7 +361,7 @@ impl<T> std::fmt::Debug for CollectiveOp<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let state = match &self.state {
             State::Spawned(_) => "running",
-            State::Inline(_) => "inline",
+            State::Inline(..) => "inline",
             State::Receiving(_) => "receiving",
             State::Ready(_) => "ready",
         };

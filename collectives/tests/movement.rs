@@ -711,6 +711,7 @@ fn alltoall_configs() -> Vec<Config> {
     [
         Some(AlltoallAlgorithm::Bruck),
         Some(AlltoallAlgorithm::Pairwise),
+        Some(AlltoallAlgorithm::Linear),
         // Declined alike by in-process ranks, as the direct all-gather (above).
         Some(AlltoallAlgorithm::Direct),
         None,

@@ -289,6 +289,40 @@ async fn a_dropped_receiving_collective_still_takes_its_message() {
     }
 }
 
+/// The same for a linear all-to-all (4 ranks, small blocks), whose receives are left to run
+/// where its future is polled: dropped before its messages came, it still takes them all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_linear_all_to_all_still_takes_its_messages() {
+    let results = job_with(4, &Config::default(), |comm| async move {
+        let dropping = comm.rank() == 0;
+        if !dropping {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let blocks: Vec<u32> = (0..4).map(|to| (comm.rank() * 10 + to) as u32).collect();
+        let swapped = comm.all_to_all(&blocks);
+        if dropping {
+            assert!(format!("{swapped:?}").contains("inline"), "{swapped:?}");
+            drop(swapped);
+        } else {
+            let want: Vec<u32> = (0..4)
+                .map(|from| (from * 10 + comm.rank()) as u32)
+                .collect();
+            assert_eq!(swapped.await?, want);
+        }
+        comm.barrier().await?;
+        let stats = comm.stats();
+        Ok::<_, Error>((stats.unexpected_messages, stats.posted_receives))
+    })
+    .await;
+    for (rank, r) in results.into_iter().enumerate() {
+        assert_eq!(
+            r.unwrap(),
+            (0, 0),
+            "rank {rank}: messages left unexpected or posted"
+        );
+    }
+}
+
 /// A small broadcast's root does its whole part where it is called (its sends go out eagerly):
 /// the future it returns is finished before it is polled. With the sends forced to rendezvous
 /// (no eager data at all) the root waits for its children as any send does (finished at once

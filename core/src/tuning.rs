@@ -7,7 +7,7 @@
 //! | `RANKWEAVE_BCAST` | `auto`, `binomial`, `scatter_allgather`, `chain`, `multicast`, `channels` | `auto` |
 //! | `RANKWEAVE_ALLREDUCE` | `auto`, `recursive_doubling`, `rabenseifner`, `ring`, `direct` | `auto` |
 //! | `RANKWEAVE_ALLGATHER` | `auto`, `recursive_doubling`, `bruck`, `ring`, `direct` | `auto` |
-//! | `RANKWEAVE_ALLTOALL` | `auto`, `bruck`, `pairwise`, `direct` | `auto` |
+//! | `RANKWEAVE_ALLTOALL` | `auto`, `bruck`, `pairwise`, `linear`, `direct` | `auto` |
 //! | `RANKWEAVE_BARRIER` | `auto`, `dissemination`, `linear`, `flags` | `auto` |
 //! | `RANKWEAVE_FLAT_MAX` | ranks | 7: on 3 to this many ranks the barrier is linear (through flags where they can be used) and broadcasts go from the root to every rank directly |
 //! | `RANKWEAVE_BCAST_LARGE` | bytes | 12 KiB: scatter + allgather from here (on more than 2 ranks) |
@@ -105,6 +105,10 @@ pub enum AlltoallAlgorithm {
     Bruck,
     /// Pairwise exchange: n − 1 steps, each with one partner. Best for large blocks.
     Pairwise,
+    /// Linear (Open MPI's `basic_linear`): every block sent and every receive posted at once.
+    /// No step waits for another, so on a host with more ranks than cores each rank needs the
+    /// processor once to send and once to receive. Few ranks, small blocks.
+    Linear,
     /// Direct reads (`all_to_all` only; `all_to_allv` takes pairwise exchange): every rank
     /// reads its block from each peer's copy of its input straight into its result, where
     /// every rank of the communicator can read the others' memory (ranks of one host over
@@ -279,6 +283,7 @@ impl CollectiveTuning {
                 &[
                     ("bruck", A::Bruck),
                     ("pairwise", A::Pairwise),
+                    ("linear", A::Linear),
                     ("direct", A::Direct),
                 ],
             )?;
@@ -337,7 +342,7 @@ mod tests {
             ("RANKWEAVE_BCAST", "scatter-allgather"),
             ("RANKWEAVE_ALLREDUCE", "Ring"),
             ("RANKWEAVE_ALLGATHER", "auto"),
-            ("RANKWEAVE_ALLTOALL", "pairwise"),
+            ("RANKWEAVE_ALLTOALL", "linear"),
             ("RANKWEAVE_ALLREDUCE_LARGE", "1M"),
             ("RANKWEAVE_ALLREDUCE_DIRECT", "0"),
             ("RANKWEAVE_SEGMENT", "8k"),
@@ -354,7 +359,7 @@ mod tests {
         assert_eq!(t.bcast, Some(BcastAlgorithm::ScatterAllgather));
         assert_eq!(t.allreduce, Some(AllreduceAlgorithm::Ring));
         assert_eq!(t.allgather, None);
-        assert_eq!(t.alltoall, Some(AlltoallAlgorithm::Pairwise));
+        assert_eq!(t.alltoall, Some(AlltoallAlgorithm::Linear));
         assert_eq!(t.allreduce_large, 1 << 20);
         assert_eq!(t.allreduce_direct, 0);
         assert_eq!(CollectiveTuning::default().allreduce_direct, 256 * 1024);
