@@ -26,8 +26,8 @@
 //!
 //! `all_to_all` uses the `alltoall` override if set, else direct reads from `alltoall_direct`
 //! bytes per block where every rank can make them, else linear on 3 to `flat_max` ranks, else
-//! pairwise from `alltoall_large` bytes per block, else Bruck. `all_to_allv` (lengths differ, so ranks could not agree on a
-//! size-based choice) uses the override if set, else pairwise. Both move blocks whatever their
+//! pairwise from `alltoall_large` bytes per block, else Bruck. `all_to_allv` (lengths differ,
+//! so ranks could not agree on a size-based choice) uses the override if set, else pairwise. Both move blocks whatever their
 //! lengths, so a rank passing a different count to `all_to_all` cannot stall the others: every
 //! rank finishes and the ranks that got a wrong-sized block report it.
 

@@ -175,7 +175,15 @@ pub(crate) fn decode_expected_blocks(
     message: Bytes,
     ranks: impl ExactSizeIterator<Item = usize>,
 ) -> Result<Vec<Bytes>, Error> {
-    let blocks = decode_blocks(from, message)?;
+    expected_blocks(from, decode_blocks(from, message)?, ranks)
+}
+
+/// [`decode_expected_blocks`] of blocks already decoded.
+pub(crate) fn expected_blocks(
+    from: usize,
+    blocks: Vec<(usize, Bytes)>,
+    ranks: impl ExactSizeIterator<Item = usize>,
+) -> Result<Vec<Bytes>, Error> {
     let bad = |detail: String| Error::Protocol { peer: from, detail };
     if blocks.len() != ranks.len() {
         return Err(bad(format!(

@@ -310,17 +310,16 @@ impl Collectives for Communicator {
 
     fn scatter<T: Element>(&self, root: usize, data: &[T]) -> CollectiveOp<Vec<T>> {
         let n = self.size();
-        let check = ctx::check_root(root, n).and_then(|()| {
-            if self.rank() == root && data.len() % n != 0 {
-                Err(Error::InvalidArgument(format!(
-                    "scatter: {} elements do not split into {n} equal blocks",
-                    data.len()
-                )))
-            } else {
-                Ok(())
-            }
+        let is_root = self.rank() == root;
+        // A root whose data does not split still takes part: it tells the others, who would
+        // otherwise wait for their blocks.
+        let refusal = (is_root && data.len() % n != 0).then(|| {
+            Error::InvalidArgument(format!(
+                "scatter: {} elements do not split into {n} equal blocks",
+                data.len()
+            ))
         });
-        let blocks: Vec<Vec<T>> = if self.rank() == root && check.is_ok() {
+        let blocks: Vec<Vec<T>> = if is_root && refusal.is_none() {
             let per = data.len() / n;
             (0..n)
                 .map(|r| byte_copy::vec_from(&data[r * per..(r + 1) * per]))
@@ -328,22 +327,16 @@ impl Collectives for Communicator {
         } else {
             Vec::new()
         };
-        start(self, check, move |cx| scatter::scatterv(cx, root, blocks))
+        start(self, ctx::check_root(root, n), move |cx| {
+            scatter::scatterv(cx, root, blocks, refusal)
+        })
     }
 
     fn scatterv<T: Element>(&self, root: usize, blocks: Vec<Vec<T>>) -> CollectiveOp<Vec<T>> {
-        let n = self.size();
-        let check = ctx::check_root(root, n).and_then(|()| {
-            if self.rank() == root && blocks.len() != n {
-                Err(Error::InvalidArgument(format!(
-                    "scatterv: the root passed {} blocks for {n} ranks",
-                    blocks.len()
-                )))
-            } else {
-                Ok(())
-            }
-        });
-        start(self, check, move |cx| scatter::scatterv(cx, root, blocks))
+        // A root with the wrong number of blocks tells the others (`scatter::scatterv`).
+        start(self, ctx::check_root(root, self.size()), move |cx| {
+            scatter::scatterv(cx, root, blocks, None)
+        })
     }
 
     fn all_gather<T: Element>(&self, data: &[T]) -> CollectiveOp<Vec<T>> {
@@ -391,16 +384,15 @@ impl Collectives for Communicator {
     ) -> CollectiveOp<Vec<T>> {
         let n = self.size();
         let op = op.into();
-        let check = op.check().and_then(|()| {
-            if data.len() % n == 0 {
-                Ok(())
-            } else {
-                Err(Error::InvalidArgument(format!(
-                    "reduce_scatter: {} elements do not split into {n} equal blocks",
-                    data.len()
-                )))
-            }
-        });
+        let check = op.check();
+        if check.is_ok() && data.len() % n != 0 {
+            let e = Error::InvalidArgument(format!(
+                "reduce_scatter: {} elements do not split into {n} equal blocks",
+                data.len()
+            ));
+            let whole = &data[..data.len() / n * n];
+            return failing_after(self.rank(), self.reduce_scatter(whole, op), e);
+        }
         let data = byte_copy::vec_from(data);
         start(self, check, move |cx| reduce_scatter::run(cx, data, op))
     }
@@ -455,28 +447,26 @@ fn all_to_all_of<T: Element>(
     shared: Option<Bytes>,
 ) -> CollectiveOp<Vec<T>> {
     let n = comm.size();
-    let check = if data.len() % n == 0 {
-        Ok(())
-    } else {
-        Err(Error::InvalidArgument(format!(
+    if data.len() % n != 0 {
+        let e = Error::InvalidArgument(format!(
             "all_to_all: {} elements do not split into {n} equal blocks",
             data.len()
-        )))
-    };
+        ));
+        let whole = &data[..data.len() / n * n];
+        let shared = shared.map(|b| b.slice(..size_of_val(whole)));
+        return failing_after(comm.rank(), all_to_all_of(comm, whole, shared), e);
+    }
     let cx = Ctx::next(comm);
     let count = data.len() / n;
-    if check.is_ok() && alltoall::is_direct(&cx, count * size_of::<T>()) {
+    if alltoall::is_direct(&cx, count * size_of::<T>()) {
         let result = alltoall::direct_result(&cx, data);
         let input = match shared {
             Some(bytes) => alltoall::DirectInput::Whole(bytes),
             None => alltoall::DirectInput::new(&cx, data),
         };
-        return start_in(cx, check, move |cx| alltoall::direct(cx, input, result));
+        return start_in(cx, Ok(()), move |cx| alltoall::direct(cx, input, result));
     }
-    if check.is_ok()
-        && n == 2
-        && alltoall::choose(&cx, count * size_of::<T>()) == AlltoallAlgorithm::Bruck
-    {
+    if n == 2 && alltoall::choose(&cx, count * size_of::<T>()) == AlltoallAlgorithm::Bruck {
         // Block r of `data` is for rank r.
         let (to_0, to_1) = data.split_at(count);
         return if cx.rank == 0 {
@@ -487,10 +477,21 @@ fn all_to_all_of<T: Element>(
     }
     let len = data.len();
     let data = shared.unwrap_or_else(|| ctx::to_bytes(data));
-    if check.is_ok() && alltoall::choose(&cx, count * size_of::<T>()) == AlltoallAlgorithm::Linear {
+    if alltoall::choose(&cx, count * size_of::<T>()) == AlltoallAlgorithm::Linear {
         return alltoall::linear_at_once(cx, data, count);
     }
-    start_in(cx, check, move |cx| {
+    start_in(cx, Ok(()), move |cx| {
         alltoall::all_to_all::<T>(cx, data, len)
+    })
+}
+
+/// `op` (the call with the whole blocks there are, for a length that does not split into equal
+/// blocks) run to its end, then failed with `e`: the rank takes part, so that the others do not
+/// wait for its blocks, and reports its own mistake. The others fail too where their blocks
+/// then differ in length from this rank's.
+fn failing_after<T: Send + 'static>(rank: usize, op: CollectiveOp<T>, e: Error) -> CollectiveOp<T> {
+    CollectiveOp::start(rank, async move {
+        let _ = op.await;
+        Err(e)
     })
 }

@@ -450,6 +450,43 @@ async fn gather_with_differing_counts_fails_at_the_root() {
     }
 }
 
+/// A root whose data does not split into equal blocks (`scatter`), or who passes the wrong
+/// number of blocks (`scatterv`), fails — and so does every other rank, rather than wait for a
+/// block that will not come; the ranks stay in step for the next collective.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scatter_the_root_refuses_fails_everywhere() {
+    for n in [2, 3, 5, 8] {
+        for root in [0, n - 1] {
+            let got = job_within(
+                n,
+                &Config::default(),
+                Duration::from_secs(10),
+                move |comm| async move {
+                    let me = comm.rank();
+                    let uneven = comm.scatter(root, &vec![1u32; 2 * n + 1]).await;
+                    let short = comm.scatterv(root, vec![vec![1u32]; n - 1]).await;
+                    let next = comm.gather(0, &[me as u8]).await;
+                    (uneven, short, next)
+                },
+            )
+            .await;
+            for (rank, (uneven, short, next)) in got.into_iter().enumerate() {
+                let what = format!("n={n} root={root} rank={rank}");
+                assert!(
+                    matches!(uneven, Err(Error::InvalidArgument(_))),
+                    "{what}: {uneven:?}"
+                );
+                assert!(
+                    matches!(short, Err(Error::InvalidArgument(_))),
+                    "{what}: {short:?}"
+                );
+                let all = (rank == 0).then(|| (0..n as u8).collect::<Vec<_>>());
+                assert_eq!(next, Ok(all), "{what}: the next collective");
+            }
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rooted_collectives_reject_an_invalid_root() {
     let got = job(3, &Config::default(), |comm| async move {
@@ -769,6 +806,52 @@ async fn all_to_all_with_differing_counts_fails_everywhere() {
                     "n={n} rank={rank} {calls:?} {:?}: {g:?}",
                     config.collectives.alltoall
                 );
+            }
+        }
+    }
+}
+
+/// A rank whose vector does not split into equal blocks fails, but takes part with the whole
+/// blocks it has, so the others finish (here with those blocks: theirs are as long) instead of
+/// waiting for its blocks — with the typed and the bytes calls, alone and mixed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_to_all_of_a_vector_that_does_not_split_fails_only_there() {
+    for config in &alltoall_configs() {
+        for (n, calls) in [2, 3, 4, 5, 8]
+            .into_iter()
+            .flat_map(|n| CALLS.map(|c| (n, c)))
+        {
+            let got = job_within(n, config, Duration::from_secs(10), move |comm| {
+                let me = comm.rank();
+                // Rank 1 passes one element (one byte, for the bytes call) too many.
+                let extra = usize::from(me == 1);
+                let data: Vec<u32> = (0..n + extra).map(|to| (me * 100 + to) as u32).collect();
+                async move {
+                    if calls.bytes_on(me) {
+                        let mut bytes = bytemuck::cast_slice::<u32, u8>(&data[..n]).to_vec();
+                        bytes.extend(std::iter::repeat_n(7, extra));
+                        let got = comm.all_to_all_bytes(bytes).await?;
+                        Ok(got
+                            .chunks_exact(4)
+                            .map(|c| u32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
+                            .collect())
+                    } else {
+                        comm.all_to_all(&data).await
+                    }
+                }
+            })
+            .await;
+            for (rank, g) in got.into_iter().enumerate() {
+                let what = format!(
+                    "n={n} rank={rank} {calls:?} {:?}",
+                    config.collectives.alltoall
+                );
+                if rank == 1 {
+                    assert!(matches!(g, Err(Error::InvalidArgument(_))), "{what}: {g:?}");
+                } else {
+                    let want: Vec<u32> = (0..n).map(|from| (from * 100 + rank) as u32).collect();
+                    assert_eq!(g, Ok(want), "{what}");
+                }
             }
         }
     }

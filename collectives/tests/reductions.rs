@@ -928,3 +928,31 @@ async fn eight_megabytes_reduced_by_every_algorithm() {
         }
     }
 }
+
+/// A rank whose vector does not split into equal blocks fails, but takes part with the whole
+/// blocks it has: the others finish rather than wait for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reduce_scatter_of_a_vector_that_does_not_split_fails_only_there() {
+    for n in [2, 3, 4, 7] {
+        let got = job_within(
+            n,
+            &Config::default(),
+            Duration::from_secs(10),
+            move |comm| {
+                let extra = usize::from(comm.rank() == 1);
+                async move {
+                    comm.reduce_scatter(&vec![1u64; 2 * n + extra], Op::Sum)
+                        .await
+                }
+            },
+        )
+        .await;
+        for (rank, g) in got.into_iter().enumerate() {
+            if rank == 1 {
+                assert!(matches!(g, Err(Error::InvalidArgument(_))), "n={n}: {g:?}");
+            } else {
+                assert_eq!(g, Ok(vec![n as u64; 2]), "n={n} rank={rank}");
+            }
+        }
+    }
+}
