@@ -313,7 +313,15 @@ impl<T> Future for CollectiveOp<T> {
                 }),
                 Err(_) => Err(Error::Shutdown),
             }),
-            State::Inline(run, _) => run.as_mut().poll(cx),
+            State::Inline(run, _) => {
+                let done = run.as_mut().poll(cx);
+                if done.is_ready() {
+                    // Finished: nothing for `Drop` to run on (a finished `async` block must
+                    // not be polled again).
+                    this.state = State::Ready(None);
+                }
+                done
+            }
             State::Ready(r) => Poll::Ready(r.take().unwrap_or(Err(Error::Shutdown))),
             State::Receiving(rest) => {
                 let message = match rest.poll_message(cx) {
