@@ -249,16 +249,32 @@ pub fn run_with_timeout(
     cmd: &mut Command,
     limit: Duration,
 ) -> Result<std::process::Output, String> {
+    use std::io::Read;
     use std::process::Stdio;
     let mut child = cmd
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| format!("cannot start {:?}: {e}", cmd.get_program()))?;
+    // The pipes are drained while the child runs: one that fills (64 KiB of output, say a
+    // backtrace per iteration) would otherwise stop the child until the deadline.
+    fn drain(pipe: Option<impl Read + Send + 'static>) -> std::sync::mpsc::Receiver<Vec<u8>> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut out = Vec::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_end(&mut out);
+            }
+            let _ = tx.send(out);
+        });
+        rx
+    }
+    let stdout = drain(child.stdout.take());
+    let stderr = drain(child.stderr.take());
     let deadline = Instant::now() + limit;
-    loop {
+    let status = loop {
         match child.try_wait() {
-            Ok(Some(_)) => break,
+            Ok(Some(status)) => break status,
             // 1 ms polls: the start-up benchmark times whole launches of a few milliseconds.
             Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(1)),
             Ok(None) => {
@@ -269,20 +285,29 @@ pub fn run_with_timeout(
                     .status();
                 std::thread::sleep(Duration::from_secs(2));
                 let _ = child.kill();
-                if let Ok(out) = child.wait_with_output() {
-                    let stderr = String::from_utf8_lossy(&out.stderr);
-                    for line in stderr.lines().filter(|l| l.contains("SIGUSR1")) {
-                        eprintln!("  state at timeout: {line}");
-                    }
+                let _ = child.wait();
+                // Ranks that outlived the launcher may hold the pipe: not waited for long.
+                let stderr = stderr
+                    .recv_timeout(Duration::from_secs(2))
+                    .unwrap_or_default();
+                let stderr = String::from_utf8_lossy(&stderr);
+                for line in stderr.lines().filter(|l| l.contains("SIGUSR1")) {
+                    eprintln!("  state at timeout: {line}");
                 }
                 return Err(format!("timed out after {limit:?}"));
             }
             Err(e) => return Err(format!("waiting: {e}")),
         }
-    }
-    child
-        .wait_with_output()
-        .map_err(|e| format!("collecting output: {e}"))
+    };
+    let collected = |rx: std::sync::mpsc::Receiver<Vec<u8>>| {
+        rx.recv()
+            .map_err(|_| "collecting output: the reader stopped".to_string())
+    };
+    Ok(std::process::Output {
+        status,
+        stdout: collected(stdout)?,
+        stderr: collected(stderr)?,
+    })
 }
 
 /// Runs the whole plan, interleaved, and writes the reports.
@@ -335,6 +360,25 @@ pub fn execute(plan: &Plan) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
+
+    /// Output past a pipe's 64 KiB is drained while the child runs (the child would stop at a
+    /// full pipe until the deadline otherwise); a child past the deadline is killed.
+    #[test]
+    fn long_output_is_drained_and_a_late_child_is_cut_off() {
+        let mut talker = Command::new("sh");
+        talker.args([
+            "-c",
+            "head -c 300000 /dev/zero; head -c 200000 /dev/zero >&2",
+        ]);
+        let started = Instant::now();
+        let out = run_with_timeout(&mut talker, Duration::from_secs(20)).unwrap();
+        assert_eq!((out.stdout.len(), out.stderr.len()), (300_000, 200_000));
+        assert!(started.elapsed() < Duration::from_secs(10));
+        let mut sleeper = Command::new("sleep");
+        sleeper.arg("30");
+        let err = run_with_timeout(&mut sleeper, Duration::from_millis(200)).unwrap_err();
+        assert!(err.contains("timed out"), "{err}");
+    }
     use super::*;
 
     fn plan(quick: bool) -> Plan {
