@@ -32,9 +32,9 @@
 //! rank finishes and the ranks that got a wrong-sized block report it.
 
 use bytes::Bytes;
-use rankweave_core::Error;
 use rankweave_core::buffer_pool::BufferPool;
 use rankweave_core::tuning::AlltoallAlgorithm;
+use rankweave_core::{Error, RecvOp, SendOp};
 
 use crate::ctx::{Ctx, encode_blocks, to_bytes, to_vec};
 use crate::ctx::{await_all, concat_equal_blocks, decode_expected_blocks, powers_of_two_below};
@@ -100,23 +100,15 @@ pub(crate) fn linear_at_once<T: Element>(
     bytes: Bytes,
     count: usize,
 ) -> CollectiveOp<Vec<T>> {
-    let (n, me) = (cx.size, cx.rank);
+    let me = cx.rank;
     let block_bytes = count * size_of::<T>();
     let block = |r: usize| bytes.slice(r * block_bytes..(r + 1) * block_bytes);
-    let receives: Vec<_> = exposure::peers(&cx)
-        .map(|q| (q, cx.comm.collective_recv(q, cx.tag)))
-        .collect();
-    let mut sends: Vec<_> = exposure::peers(&cx).map(|q| cx.send(q, block(q))).collect();
+    let (receives, mut sends) = start_linear(&cx, block);
     sends.retain(|s| !s.is_complete());
     let all_out = sends.is_empty();
-    let own = block(me);
+    let (n, own) = (cx.size, block(me));
     let rest = async move {
-        let mut received = vec![Bytes::new(); n];
-        received[me] = own;
-        for (q, receive) in receives {
-            received[q] = receive.await?.into_data();
-        }
-        await_all(sends).await?;
+        let received = finish_linear(n, me, own, receives, sends).await?;
         concat_equal_blocks(&received, count)
     };
     if all_out {
@@ -124,6 +116,34 @@ pub(crate) fn linear_at_once<T: Element>(
     } else {
         CollectiveOp::start(me, rest)
     }
+}
+
+/// The start of a linear all-to-all: every receive posted, every peer sent its `block`. The
+/// peers in the order after this rank, so that not every rank sends to rank 0 first.
+fn start_linear(cx: &Ctx, block: impl Fn(usize) -> Bytes) -> (Vec<(usize, RecvOp)>, Vec<SendOp>) {
+    let receives = exposure::peers(cx)
+        .map(|q| (q, cx.comm.collective_recv(q, cx.tag)))
+        .collect();
+    let sends = exposure::peers(cx).map(|q| cx.send(q, block(q))).collect();
+    (receives, sends)
+}
+
+/// The rest of a linear all-to-all on `n` ranks started by [`start_linear`]: every rank's
+/// block in rank order, this rank's (`me`) `own` among them.
+async fn finish_linear(
+    n: usize,
+    me: usize,
+    own: Bytes,
+    receives: Vec<(usize, RecvOp)>,
+    sends: Vec<SendOp>,
+) -> Result<Vec<Bytes>, Error> {
+    let mut received = vec![Bytes::new(); n];
+    received[me] = own;
+    for (q, receive) in receives {
+        received[q] = receive.await?.into_data();
+    }
+    await_all(sends).await?;
+    Ok(received)
 }
 
 pub(crate) async fn all_to_allv<T: Element>(
@@ -164,23 +184,10 @@ async fn exchange(
 }
 
 /// Every receive posted and every block sent at once, then all awaited: no round waits for
-/// another (see [`AlltoallAlgorithm::Linear`]). The peers in the order after this rank, so
-/// that not every rank sends to rank 0 first.
+/// another (see [`AlltoallAlgorithm::Linear`]).
 async fn linear(cx: &Ctx, blocks: Vec<Bytes>) -> Result<Vec<Bytes>, Error> {
-    let me = cx.rank;
-    let receives: Vec<_> = exposure::peers(cx)
-        .map(|q| (q, cx.comm.collective_recv(q, cx.tag)))
-        .collect();
-    let sends: Vec<_> = exposure::peers(cx)
-        .map(|q| cx.send(q, blocks[q].clone()))
-        .collect();
-    let mut received = vec![Bytes::new(); cx.size];
-    received[me] = blocks[me].clone();
-    for (q, receive) in receives {
-        received[q] = receive.await?.into_data();
-    }
-    await_all(sends).await?;
-    Ok(received)
+    let (receives, sends) = start_linear(cx, |q| blocks[q].clone());
+    finish_linear(cx.size, cx.rank, blocks[cx.rank].clone(), receives, sends).await
 }
 
 /// The result of an `all_to_all` by [`direct`] reads, from the caller's `data` (`size` blocks
