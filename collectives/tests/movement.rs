@@ -636,12 +636,10 @@ async fn all_gather_with_differing_counts_fails_everywhere() {
             let got = job_within(n, config, Duration::from_secs(10), move |comm| {
                 let data = vec![1u32; if comm.rank() == 1 { 5 } else { 4 }];
                 async move {
-                    if calls.bytes_on(comm.rank()) {
-                        let bytes = bytemuck::cast_slice::<u32, u8>(&data).to_vec();
-                        comm.all_gather_bytes(bytes).await.map(drop)
-                    } else {
-                        comm.all_gather(&data).await.map(drop)
-                    }
+                    let typed = |c: &Communicator, d: &[u32]| c.all_gather(d);
+                    calls
+                        .call(&comm, &data, typed, |c, b| c.all_gather_bytes(b))
+                        .await
                 }
             })
             .await;
@@ -672,6 +670,23 @@ impl Calls {
             Calls::Typed => false,
             Calls::Bytes => true,
             Calls::Mixed => rank % 2 == 1,
+        }
+    }
+
+    /// The typed call on `data`, or the bytes call on its bytes where this rank makes that one;
+    /// whether it worked.
+    async fn call(
+        self,
+        comm: &Communicator,
+        data: &[u32],
+        typed: impl Fn(&Communicator, &[u32]) -> CollectiveOp<Vec<u32>>,
+        bytes: impl Fn(&Communicator, Vec<u8>) -> CollectiveOp<Vec<u8>>,
+    ) -> Result<(), Error> {
+        if self.bytes_on(comm.rank()) {
+            let given = bytemuck::cast_slice::<u32, u8>(data).to_vec();
+            bytes(comm, given).await.map(drop)
+        } else {
+            typed(comm, data).await.map(drop)
         }
     }
 }
@@ -791,12 +806,10 @@ async fn all_to_all_with_differing_counts_fails_everywhere() {
                 let per_block = if comm.rank() == 1 { 2 } else { 1 };
                 let data = vec![1u32; per_block * comm.size()];
                 async move {
-                    if calls.bytes_on(comm.rank()) {
-                        let bytes = bytemuck::cast_slice::<u32, u8>(&data).to_vec();
-                        comm.all_to_all_bytes(bytes).await.map(drop)
-                    } else {
-                        comm.all_to_all(&data).await.map(drop)
-                    }
+                    let typed = |c: &Communicator, d: &[u32]| c.all_to_all(d);
+                    calls
+                        .call(&comm, &data, typed, |c, b| c.all_to_all_bytes(b))
+                        .await
                 }
             })
             .await;

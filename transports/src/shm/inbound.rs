@@ -642,14 +642,8 @@ impl Stream {
             }
             None => {}
         }
-        match result {
-            // SAFETY: every byte of the payload was written, here or by the sender.
-            Ok(()) => unsafe { self.deliver_read(read, landing, into, out) },
-            Err(e) => {
-                tracing::warn!(sender = self.sender, error = %e, "single-copy read failed");
-                Handled::Malformed
-            }
-        }
+        // SAFETY: on success every byte of the payload was written, here or by the sender.
+        unsafe { self.deliver_read(result, "single-copy read failed", read, landing, into, out) }
     }
 
     /// Reads and delivers the payload to lend, if any, now: nothing else follows it.
@@ -679,29 +673,32 @@ impl Stream {
             // SAFETY: as above, and nobody was offered these bytes.
             None => unsafe { cma::read_raw(into.sender_pid, read.addr, dst, read.len) },
         };
-        match finished {
-            // SAFETY: every byte was written, by the sender or by this side.
-            Ok(()) => unsafe { self.deliver_read(read, landing, into, out) },
-            Err(e) => {
-                tracing::warn!(sender = self.sender, error = %e, "lent single-copy read failed");
-                Handled::Malformed
-            }
-        }
+        let what = "lent single-copy read failed";
+        // SAFETY: on success every byte was written, by the sender or by this side.
+        unsafe { self.deliver_read(finished, what, read, landing, into, out) }
     }
 
-    /// Delivers a single-copy payload read into `landing`.
+    /// Delivers a single-copy payload read into `landing` if `filled` says the read worked; a
+    /// failed one is logged as `what` and its record counts as malformed.
     ///
     /// # Safety
     ///
-    /// The first `read.len` bytes of the landing's spare capacity have been written.
+    /// If `filled` is `Ok`, the first `read.len` bytes of the landing's spare capacity have
+    /// been written.
     unsafe fn deliver_read(
         &self,
+        filled: Result<(), String>,
+        what: &str,
         read: PayloadRead,
         mut landing: Landing,
         into: &ReadInto<'_>,
         out: &mut Vec<Arrival>,
     ) -> Handled {
-        // SAFETY: the caller's promise.
+        if let Err(e) = filled {
+            tracing::warn!(sender = self.sender, error = %e, "{what}");
+            return Handled::Malformed;
+        }
+        // SAFETY: the caller's promise, for a read that worked.
         unsafe { landing.buf.set_len(landing.buf.len() + read.len) };
         let payload = into.pool.freeze_after(landing.buf, landing.skip);
         out.push(Arrival::Frame {
